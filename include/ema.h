@@ -1,0 +1,256 @@
+/*
+ * EMA: elastic memory across GPUs.
+ *
+ * One process runs per GPU (or, on a host without GPUs, per capacity-limited
+ * host arena).  Together the processes form an "ema world".  Each process
+ * exposes parts of memory windows that every process can read and write with
+ * one-sided put/get.  See ema(7) for the model and the thread contract, and
+ * the man page of each call for its full contract.
+ *
+ * Conventions (they hold for every call):
+ *  - Every call returns an ema_status_t: EMA_SUCCESS (0), EMA_INPROGRESS (1)
+ *    or a negative EMA_ERR_* code.  No call aborts the process.
+ *  - Output parameters end in _p and are written only on success.
+ *  - A call that fails changes nothing.
+ *  - Calls made before ema_init() or after ema_finalize() fail with
+ *    EMA_ERR_STATE (ema_strerror() and ema_version_string() excepted).
+ */
+#ifndef EMA_H_
+#define EMA_H_
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define EMA_VERSION_MAJOR 0
+#define EMA_VERSION_MINOR 1
+#define EMA_VERSION_PATCH 0
+#define EMA_VERSION       ((EMA_VERSION_MAJOR << 16) | (EMA_VERSION_MINOR << 8) | \
+                           EMA_VERSION_PATCH)
+
+#if defined(__GNUC__)
+#  define EMA_EXPORT __attribute__((visibility("default")))
+#else
+#  define EMA_EXPORT
+#endif
+
+/**
+ * Status codes.  Errors are negative and grouped: argument errors first,
+ * then resource errors, then runtime and peer errors.  Values are never
+ * renumbered.
+ */
+typedef enum {
+    EMA_SUCCESS             = 0,   /**< The call succeeded. */
+    EMA_INPROGRESS          = 1,   /**< The operation has not completed yet. */
+
+    EMA_ERR_INVALID_PARAM   = -1,  /**< A NULL pointer, bad value or bad flag. */
+    EMA_ERR_INVALID_HANDLE  = -2,  /**< A window or request handle that is not live. */
+    EMA_ERR_INVALID_RANK    = -3,  /**< A rank outside [0, world size). */
+    EMA_ERR_RANGE           = -4,  /**< An offset/length outside the target part. */
+    EMA_ERR_ALIGNMENT       = -5,  /**< An atomic offset that is not 8-byte aligned. */
+    EMA_ERR_STATE           = -6,  /**< Not initialised, already finalised, or in use. */
+
+    EMA_ERR_NO_MEMORY       = -10, /**< No memory can back the request. */
+    EMA_ERR_NO_RESOURCE     = -11, /**< Out of handles, address space or descriptors. */
+    EMA_ERR_UNSUPPORTED     = -12, /**< Not supported by this build or memory kind. */
+
+    EMA_ERR_BOOTSTRAP       = -20, /**< The launcher (PMIx) failed or is unreachable. */
+    EMA_ERR_TRANSPORT       = -21, /**< UCX reported an error. */
+    EMA_ERR_PEER_LOST       = -22, /**< A peer died; data only it held is gone. */
+    EMA_ERR_TIMEOUT         = -23, /**< A bounded wait expired. */
+    EMA_ERR_IO              = -24, /**< A system call failed (see the log). */
+    EMA_ERR_DEVICE          = -25  /**< The GPU driver reported an error. */
+} ema_status_t;
+
+/** Memory kinds a rank's memory can be made of. */
+typedef enum {
+    EMA_MEMORY_KIND_AUTO = 0, /**< cuda where a GPU is usable, else host. */
+    EMA_MEMORY_KIND_HOST = 1, /**< A capacity-limited host arena standing in for a GPU. */
+    EMA_MEMORY_KIND_CUDA = 2  /**< CUDA device memory (VMM allocations). */
+} ema_memory_kind_t;
+
+/** Opaque handles. */
+typedef struct ema_win     *ema_win_h;
+typedef struct ema_request *ema_request_h;
+
+/* ------------------------------------------------------------------------- */
+/* World                                                                      */
+/* ------------------------------------------------------------------------- */
+
+/** Fields of ema_init_params_t that are set. */
+enum {
+    EMA_INIT_PARAM_FIELD_MEMORY_KIND   = 1ull << 0,
+    EMA_INIT_PARAM_FIELD_DEVICE_MEMORY = 1ull << 1,
+    EMA_INIT_PARAM_FIELD_SEGMENT_SIZE  = 1ull << 2
+};
+
+/**
+ * Options of ema_init().  A field set here overrides the matching EMA_*
+ * environment variable.
+ */
+typedef struct {
+    uint64_t          field_mask;    /**< EMA_INIT_PARAM_FIELD_* bits. */
+    ema_memory_kind_t memory_kind;   /**< Overrides EMA_MEMORY_KIND. */
+    size_t            device_memory; /**< Capacity in bytes; overrides EMA_DEVICE_MEMORY. */
+    size_t            segment_size;  /**< Segment size; overrides EMA_SEGMENT_SIZE. */
+} ema_init_params_t;
+
+/**
+ * Join the ema world.  Collective over every process of the job.  Under
+ * mpirun/prterun the world is the PMIx job; a process started with no
+ * launcher is a world of one.  @a params may be NULL.
+ * Cost: one PMIx fence plus endpoint creation to every peer.
+ * Released by ema_finalize().
+ */
+EMA_EXPORT ema_status_t ema_init(const ema_init_params_t *params);
+
+/** Leave the world; collective.  Frees every window still allocated. */
+EMA_EXPORT ema_status_t ema_finalize(void);
+
+/** This process's rank in the world. */
+EMA_EXPORT ema_status_t ema_world_rank(int *rank_p);
+
+/** The number of processes in the world. */
+EMA_EXPORT ema_status_t ema_world_size(int *size_p);
+
+/** Block until every rank has called ema_barrier().  Collective. */
+EMA_EXPORT ema_status_t ema_barrier(void);
+
+/**
+ * Make communication progress from the calling thread.  Needed only when the
+ * progress thread is disabled (EMA_PROGRESS_THREAD=0).  Returns EMA_SUCCESS
+ * if anything progressed, EMA_INPROGRESS if there was nothing to do.
+ */
+EMA_EXPORT ema_status_t ema_progress(void);
+
+/** A static string naming @a status.  Safe to call at any time. */
+EMA_EXPORT const char *ema_strerror(ema_status_t status);
+
+/** The library version as "major.minor.patch".  Safe to call at any time. */
+EMA_EXPORT const char *ema_version_string(void);
+
+/**
+ * Print every EMA_* environment variable with its value, default, syntax and
+ * help text, in the form "EMA_NAME=value".  Safe to call before ema_init().
+ */
+EMA_EXPORT ema_status_t ema_config_print(FILE *stream);
+
+/** What ema_info_print() reports. */
+enum {
+    EMA_INFO_VERSION   = 1u << 0, /**< library and dependency versions */
+    EMA_INFO_TOPOLOGY  = 1u << 1, /**< GPUs, NUMA nodes and links (works before init) */
+    EMA_INFO_WORLD     = 1u << 2, /**< rank, size, memory kind, capacity (needs init) */
+    EMA_INFO_TRANSPORT = 1u << 3, /**< UCX transports in use between ranks (needs init) */
+    EMA_INFO_ALL       = 0xffu
+};
+
+/**
+ * Print a human-readable report to @a stream.  Parts that need a world
+ * (EMA_INFO_WORLD, EMA_INFO_TRANSPORT) are skipped with a note before
+ * ema_init().  Used by ema_info(1).
+ */
+EMA_EXPORT ema_status_t ema_info_print(FILE *stream, unsigned flags);
+
+/* ------------------------------------------------------------------------- */
+/* Windows                                                                    */
+/* ------------------------------------------------------------------------- */
+
+/** Fields of ema_win_params_t that are set. */
+enum {
+    EMA_WIN_PARAM_FIELD_MAX_SIZE = 1ull << 0
+};
+
+/** Options of ema_win_allocate(). */
+typedef struct {
+    uint64_t field_mask; /**< EMA_WIN_PARAM_FIELD_* bits. */
+    size_t   max_size;   /**< Largest size this rank's part may grow to.
+                              Address space for it is reserved up front.
+                              Default: the size given, rounded to segments. */
+} ema_win_params_t;
+
+/**
+ * Allocate a window.  Collective.  Each rank gives the size of its own part
+ * (0 is allowed) and receives the base address of its own part, which stays
+ * the same for the window's lifetime.  @a params may be NULL.
+ * Released by ema_win_free().
+ */
+EMA_EXPORT ema_status_t ema_win_allocate(size_t size, const ema_win_params_t *params,
+                                         void **base_p, ema_win_h *win_p);
+
+/** Free a window.  Collective; completes outstanding operations first. */
+EMA_EXPORT ema_status_t ema_win_free(ema_win_h win);
+
+/** The size in bytes of @a rank's part of @a win. */
+EMA_EXPORT ema_status_t ema_win_size(ema_win_h win, int rank, size_t *size_p);
+
+/* ------------------------------------------------------------------------- */
+/* One-sided communication                                                    */
+/* ------------------------------------------------------------------------- */
+
+/**
+ * Write @a len bytes from @a buf to @a rank's part of @a win at @a offset.
+ * Returns when @a buf may be reused; the data is visible at the target after
+ * ema_win_flush().  Fails with EMA_ERR_RANGE, writing nothing, when
+ * [offset, offset+len) is not inside the part.
+ */
+EMA_EXPORT ema_status_t ema_put(ema_win_h win, int rank, size_t offset,
+                                const void *buf, size_t len);
+
+/** Read @a len bytes at @a offset of @a rank's part into @a buf; returns when
+ *  the data has arrived. */
+EMA_EXPORT ema_status_t ema_get(ema_win_h win, int rank, size_t offset,
+                                void *buf, size_t len);
+
+/**
+ * Non-blocking put.  On EMA_SUCCESS *req_p is a request that must be passed
+ * to ema_wait() or to ema_test() until it completes; @a buf must not be
+ * changed before then.  Remote completion still needs ema_win_flush().
+ */
+EMA_EXPORT ema_status_t ema_put_nb(ema_win_h win, int rank, size_t offset,
+                                   const void *buf, size_t len, ema_request_h *req_p);
+
+/** Non-blocking get; @a buf holds the data once the request completes. */
+EMA_EXPORT ema_status_t ema_get_nb(ema_win_h win, int rank, size_t offset,
+                                   void *buf, size_t len, ema_request_h *req_p);
+
+/** Wait for @a req to complete and release it.  Returns the operation's status. */
+EMA_EXPORT ema_status_t ema_wait(ema_request_h req);
+
+/**
+ * Test @a req.  EMA_INPROGRESS: not complete, the request stays valid.
+ * Anything else: complete, the request is released, and the value is the
+ * operation's status.
+ */
+EMA_EXPORT ema_status_t ema_test(ema_request_h req);
+
+/** Complete, at the target, every put and get this rank issued to @a rank's part. */
+EMA_EXPORT ema_status_t ema_win_flush(ema_win_h win, int rank);
+
+/** Complete every outstanding operation of this rank on @a win. */
+EMA_EXPORT ema_status_t ema_win_flush_all(ema_win_h win);
+
+/**
+ * Atomically add @a value to the 64-bit word at @a offset (8-byte aligned) of
+ * @a rank's part; the previous value is stored in *old_p.  old_p may be NULL.
+ * Returns when the operation has completed at the target.
+ */
+EMA_EXPORT ema_status_t ema_fetch_add(ema_win_h win, int rank, size_t offset,
+                                      uint64_t value, uint64_t *old_p);
+
+/**
+ * Atomically replace the 64-bit word at @a offset with @a value if it equals
+ * @a compare; the previous value is stored in *old_p (may be NULL).
+ */
+EMA_EXPORT ema_status_t ema_compare_swap(ema_win_h win, int rank, size_t offset,
+                                         uint64_t compare, uint64_t value,
+                                         uint64_t *old_p);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* EMA_H_ */

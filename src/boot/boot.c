@@ -1,0 +1,234 @@
+#include "boot.h"
+
+#include "util/config.h"
+#include "util/log.h"
+
+#include <pmix.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define EMA_BOOT_CFG(_f) offsetof(ema__boot_config_t, _f)
+
+const ema_config_field_t ema__boot_config_table[] = {
+    {"BOOT_TIMEOUT", "60",
+     "seconds a PMIx fence may take before ema_init fails (a peer that never starts)",
+     EMA_BOOT_CFG(timeout), &ema__config_double},
+    EMA_CONFIG_TABLE_END};
+
+static pmix_proc_t ema_boot_proc;
+
+/* A launcher that serves PMIx leaves these in the environment. */
+static int ema_boot_launched(void)
+{
+    return getenv("PMIX_NAMESPACE") || getenv("PMIX_SERVER_URI4") ||
+           getenv("PMIX_SERVER_URI3") || getenv("PMIX_SERVER_URI2") ||
+           getenv("PMIX_SERVER_URI21") || getenv("PMIX_SERVER_URI41");
+}
+
+static int ema_boot_get_u32(const pmix_proc_t *proc, const char *key, uint32_t *val_p)
+{
+    pmix_value_t *val = NULL;
+    pmix_status_t rc = PMIx_Get(proc, key, NULL, 0, &val);
+    if (rc != PMIX_SUCCESS || val == NULL) {
+        return -1;
+    }
+    switch (val->type) {
+    case PMIX_UINT32: *val_p = val->data.uint32; break;
+    case PMIX_UINT16: *val_p = val->data.uint16; break;
+    case PMIX_INT:    *val_p = (uint32_t)val->data.integer; break;
+    case PMIX_PROC_RANK: *val_p = val->data.rank; break;
+    default: PMIX_VALUE_RELEASE(val); return -1;
+    }
+    PMIX_VALUE_RELEASE(val);
+    return 0;
+}
+
+ema_status_t ema__boot_init(ema__boot_t *boot)
+{
+    pmix_proc_t wild;
+    uint32_t v;
+    pmix_status_t rc;
+
+    boot->rank       = 0;
+    boot->size       = 1;
+    boot->local_rank = 0;
+    boot->local_size = 1;
+    boot->singleton  = 1;
+    strcpy(boot->nspace, "singleton");
+
+    if (!ema_boot_launched()) {
+        /* No launcher: do not even try to reach a system PMIx server, so a
+         * world of one starts at once. */
+        ema_debug("no PMIx launcher in the environment: world of one");
+        return EMA_SUCCESS;
+    }
+
+    rc = PMIx_Init(&ema_boot_proc, NULL, 0);
+    if (rc != PMIX_SUCCESS) {
+        ema_error("PMIx_Init failed: %s (started by a launcher whose PMIx server "
+                  "cannot be reached)", PMIx_Error_string(rc));
+        return EMA_ERR_BOOTSTRAP;
+    }
+
+    PMIX_PROC_CONSTRUCT(&wild);
+    PMIX_LOAD_PROCID(&wild, ema_boot_proc.nspace, PMIX_RANK_WILDCARD);
+    if (ema_boot_get_u32(&wild, PMIX_JOB_SIZE, &v) != 0 || v == 0) {
+        ema_error("PMIx_Get(PMIX_JOB_SIZE) failed");
+        PMIx_Finalize(NULL, 0);
+        return EMA_ERR_BOOTSTRAP;
+    }
+    boot->size      = (int)v;
+    boot->rank      = (int)ema_boot_proc.rank;
+    boot->singleton = 0;
+    snprintf(boot->nspace, sizeof(boot->nspace), "%s", ema_boot_proc.nspace);
+    if (ema_boot_get_u32(&ema_boot_proc, PMIX_LOCAL_RANK, &v) == 0) {
+        boot->local_rank = (int)v;
+    } else {
+        boot->local_rank = boot->rank;
+    }
+    if (ema_boot_get_u32(&wild, PMIX_LOCAL_SIZE, &v) == 0) {
+        boot->local_size = (int)v;
+    } else {
+        boot->local_size = boot->size;
+    }
+    if (boot->local_size != boot->size) {
+        /* EMA lends memory between the GPUs of one server. */
+        ema_error("the job spans several nodes (%d of %d ranks are local): EMA runs on one "
+                  "node", boot->local_size, boot->size);
+        PMIx_Finalize(NULL, 0);
+        return EMA_ERR_UNSUPPORTED;
+    }
+    ema_debug("PMIx rank %d of %d in %s", boot->rank, boot->size, boot->nspace);
+    return EMA_SUCCESS;
+}
+
+void ema__boot_finalize(ema__boot_t *boot)
+{
+    if (!boot->singleton) {
+        PMIx_Finalize(NULL, 0);
+    }
+}
+
+static ema_status_t ema_boot_fence(ema__boot_t *boot, int collect)
+{
+    pmix_info_t info[2];
+    int timeout = (int)(boot->cfg.timeout + 0.999);
+    pmix_status_t rc;
+    size_t ninfo = 0;
+
+    PMIX_INFO_CONSTRUCT(&info[0]);
+    PMIX_INFO_CONSTRUCT(&info[1]);
+    if (collect) {
+        bool yes = true;
+        PMIX_INFO_LOAD(&info[ninfo], PMIX_COLLECT_DATA, &yes, PMIX_BOOL);
+        ninfo++;
+    }
+    if (timeout > 0) {
+        PMIX_INFO_LOAD(&info[ninfo], PMIX_TIMEOUT, &timeout, PMIX_INT);
+        ninfo++;
+    }
+    rc = PMIx_Fence(NULL, 0, info, ninfo);
+    PMIX_INFO_DESTRUCT(&info[0]);
+    PMIX_INFO_DESTRUCT(&info[1]);
+    if (rc != PMIX_SUCCESS) {
+        ema_error("PMIx_Fence failed: %s%s", PMIx_Error_string(rc),
+                  rc == PMIX_ERR_TIMEOUT ? " (a peer did not join within EMA_BOOT_TIMEOUT)" : "");
+        return (rc == PMIX_ERR_TIMEOUT) ? EMA_ERR_TIMEOUT : EMA_ERR_BOOTSTRAP;
+    }
+    return EMA_SUCCESS;
+}
+
+ema_status_t ema__boot_fence(ema__boot_t *boot)
+{
+    return boot->singleton ? EMA_SUCCESS : ema_boot_fence(boot, 0);
+}
+
+ema_status_t ema__boot_exchange(ema__boot_t *boot, const char *key, const void *blob,
+                                size_t len, void ***blobs_p, size_t **lens_p)
+{
+    void **blobs = calloc(boot->size, sizeof(*blobs));
+    size_t *lens = calloc(boot->size, sizeof(*lens));
+    ema_status_t status;
+    pmix_value_t value, *val;
+    pmix_status_t rc;
+    pmix_proc_t peer;
+
+    if (blobs == NULL || lens == NULL) {
+        status = EMA_ERR_NO_MEMORY;
+        goto err_free;
+    }
+
+    if (boot->singleton) {
+        blobs[0] = malloc(len ? len : 1);
+        if (blobs[0] == NULL) {
+            status = EMA_ERR_NO_MEMORY;
+            goto err_free;
+        }
+        memcpy(blobs[0], blob, len);
+        lens[0] = len;
+        goto out;
+    }
+
+    PMIX_VALUE_CONSTRUCT(&value);
+    value.type          = PMIX_BYTE_OBJECT;
+    value.data.bo.bytes = (char *)blob;
+    value.data.bo.size  = len;
+    rc = PMIx_Put(PMIX_LOCAL, key, &value);
+    if (rc != PMIX_SUCCESS) {
+        ema_error("PMIx_Put(%s) failed: %s", key, PMIx_Error_string(rc));
+        status = EMA_ERR_BOOTSTRAP;
+        goto err_free;
+    }
+    rc = PMIx_Commit();
+    if (rc != PMIX_SUCCESS) {
+        ema_error("PMIx_Commit failed: %s", PMIx_Error_string(rc));
+        status = EMA_ERR_BOOTSTRAP;
+        goto err_free;
+    }
+    status = ema_boot_fence(boot, 1);
+    if (status != EMA_SUCCESS) {
+        goto err_free;
+    }
+
+    for (int r = 0; r < boot->size; r++) {
+        PMIX_LOAD_PROCID(&peer, ema_boot_proc.nspace, (pmix_rank_t)r);
+        val = NULL;
+        rc  = PMIx_Get(&peer, key, NULL, 0, &val);
+        if (rc != PMIX_SUCCESS || val == NULL || val->type != PMIX_BYTE_OBJECT) {
+            ema_error("PMIx_Get(%s) from rank %d failed: %s", key, r, PMIx_Error_string(rc));
+            if (val) {
+                PMIX_VALUE_RELEASE(val);
+            }
+            status = EMA_ERR_BOOTSTRAP;
+            goto err_free;
+        }
+        blobs[r] = malloc(val->data.bo.size ? val->data.bo.size : 1);
+        if (blobs[r] == NULL) {
+            PMIX_VALUE_RELEASE(val);
+            status = EMA_ERR_NO_MEMORY;
+            goto err_free;
+        }
+        memcpy(blobs[r], val->data.bo.bytes, val->data.bo.size);
+        lens[r] = val->data.bo.size;
+        PMIX_VALUE_RELEASE(val);
+    }
+out:
+    *blobs_p = blobs;
+    *lens_p  = lens;
+    return EMA_SUCCESS;
+
+err_free:
+    ema__boot_free_blobs(boot, blobs, lens);
+    return status;
+}
+
+void ema__boot_free_blobs(ema__boot_t *boot, void **blobs, size_t *lens)
+{
+    if (blobs != NULL) {
+        for (int r = 0; r < boot->size; r++) {
+            free(blobs[r]);
+        }
+    }
+    free(blobs);
+    free(lens);
+}

@@ -1,0 +1,45 @@
+/*
+ * Bootstrap through PMIx: rank, size, local peers, the exchange of endpoint
+ * information (modex) and a fence.  With no PMIx server in reach and no sign
+ * of a launcher in the environment, the world is a singleton.
+ */
+#ifndef EMA_BOOT_H_
+#define EMA_BOOT_H_
+
+#include <ema.h>
+
+#include "util/config.h"
+#include <stddef.h>
+
+typedef struct ema__boot_config {
+    double timeout; /* seconds a fence may take before init fails */
+} ema__boot_config_t;
+
+extern const ema_config_field_t ema__boot_config_table[];
+
+typedef struct ema__boot {
+    int  rank;
+    int  size;
+    int  local_rank;
+    int  local_size;
+    int  singleton;         /* no launcher: a world of one, PMIx not used */
+    char nspace[256];
+    ema__boot_config_t cfg;
+} ema__boot_t;
+
+ema_status_t ema__boot_init(ema__boot_t *boot);
+void         ema__boot_finalize(ema__boot_t *boot);
+
+/*
+ * All-to-all exchange of one blob per rank through the PMIx key-value store
+ * and a data-collecting fence.  On success *blobs_p is an array of size
+ * pointers (each malloc'ed, free with ema__boot_free_blobs) and *lens_p their
+ * lengths.
+ */
+ema_status_t ema__boot_exchange(ema__boot_t *boot, const char *key, const void *blob,
+                                size_t len, void ***blobs_p, size_t **lens_p);
+void         ema__boot_free_blobs(ema__boot_t *boot, void **blobs, size_t *lens);
+
+ema_status_t ema__boot_fence(ema__boot_t *boot);
+
+#endif

@@ -1,0 +1,155 @@
+/*
+ * The host memory kind: a capacity-limited arena in host memory that stands
+ * in for a GPU where there is none.  The arena is one memfd, so a peer can
+ * map any segment of it into its own window with MAP_FIXED: it opens
+ * /proc/<owner pid>/fd/<fd> (same user, no name in /dev/shm to leak) and maps
+ * the segment's offset.
+ */
+#define _GNU_SOURCE
+#include "mem.h"
+
+#include "util/log.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+static int ema_host_usable(void)
+{
+    return 1;
+}
+
+static ema_status_t ema_host_arena_create(ema__mem_arena_t *arena)
+{
+    int fd = memfd_create("ema-arena", MFD_CLOEXEC);
+    if (fd < 0) {
+        ema_error("memfd_create(ema-arena) failed: %m");
+        return EMA_ERR_IO;
+    }
+    if (ftruncate(fd, (off_t)arena->capacity) != 0) {
+        ema_error("ftruncate(ema-arena, %zu) failed: %m", arena->capacity);
+        close(fd);
+        return EMA_ERR_NO_MEMORY;
+    }
+    void *base = mmap(NULL, arena->capacity, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (base == MAP_FAILED) {
+        ema_error("mmap(ema-arena, %zu) failed: %m", arena->capacity);
+        close(fd);
+        return EMA_ERR_NO_MEMORY;
+    }
+    arena->fd   = fd;
+    arena->base = base;
+    return EMA_SUCCESS;
+}
+
+static void ema_host_arena_destroy(ema__mem_arena_t *arena)
+{
+    if (arena->base != NULL) {
+        munmap(arena->base, arena->capacity);
+    }
+    if (arena->fd >= 0) {
+        close(arena->fd);
+    }
+}
+
+static ema_status_t ema_host_prefault(ema__mem_arena_t *arena, uint32_t first, uint32_t count)
+{
+    char *p = (char *)arena->base + (size_t)first * arena->seg_size;
+    size_t len = (size_t)count * arena->seg_size;
+    /* MADV_POPULATE_WRITE (Linux 5.14) faults the pages in without touching
+     * data; fall back to touching one byte a page. */
+#ifdef MADV_POPULATE_WRITE
+    if (madvise(p, len, MADV_POPULATE_WRITE) == 0) {
+        return EMA_SUCCESS;
+    }
+#endif
+    long pg = sysconf(_SC_PAGESIZE);
+    for (size_t off = 0; off < len; off += (size_t)pg) {
+        volatile char *c = p + off;
+        *c = *c;
+    }
+    return EMA_SUCCESS;
+}
+
+static ema_status_t ema_host_reserve(ema__mem_arena_t *arena, size_t len, void **addr_p)
+{
+    void *addr = mmap(NULL, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (addr == MAP_FAILED) {
+        ema_error("mmap(PROT_NONE, %zu) to reserve a window range failed: %m", len);
+        return EMA_ERR_NO_RESOURCE;
+    }
+    *addr_p = addr;
+    return EMA_SUCCESS;
+}
+
+static void ema_host_unreserve(ema__mem_arena_t *arena, void *addr, size_t len)
+{
+    munmap(addr, len);
+}
+
+static ema_status_t ema_host_map(ema__mem_arena_t *arena, const ema__mem_export_t *exp,
+                                 uint32_t seg, void *addr)
+{
+    int fd = arena->fd, own = (exp->pid == (int32_t)getpid());
+
+    if (!own) {
+        char path[64];
+        snprintf(path, sizeof(path), "/proc/%d/fd/%d", (int)exp->pid, (int)exp->fd);
+        fd = open(path, O_RDWR | O_CLOEXEC);
+        if (fd < 0) {
+            ema_error("open(%s) to map a peer's segment failed: %m", path);
+            return (errno == ENOENT || errno == ESRCH) ? EMA_ERR_PEER_LOST : EMA_ERR_IO;
+        }
+    }
+    void *p = mmap(addr, exp->seg_size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd,
+                   (off_t)((uint64_t)seg * exp->seg_size));
+    int err = errno;
+    if (!own) {
+        close(fd); /* the mapping keeps the memory */
+    }
+    if (p == MAP_FAILED) {
+        errno = err;
+        ema_error("mmap(MAP_FIXED, segment %u of pid %d) failed: %m", seg, (int)exp->pid);
+        return EMA_ERR_IO;
+    }
+    return EMA_SUCCESS;
+}
+
+static ema_status_t ema_host_unmap(ema__mem_arena_t *arena, void *addr, size_t len)
+{
+    /* Put the reservation back rather than leave a hole another mmap could take. */
+    void *p = mmap(addr, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED,
+                   -1, 0);
+    if (p == MAP_FAILED) {
+        ema_error("mmap(PROT_NONE, MAP_FIXED) over an unmapped segment failed: %m");
+        return EMA_ERR_IO;
+    }
+    return EMA_SUCCESS;
+}
+
+static ema_status_t ema_host_copy(ema__mem_arena_t *arena, void *dst, const void *src,
+                                  size_t len)
+{
+    memcpy(dst, src, len);
+    return EMA_SUCCESS;
+}
+
+const ema__mem_ops_t ema__mem_host_ops = {
+    .size                 = sizeof(ema__mem_ops_t),
+    .name                 = "host",
+    .kind                 = EMA_MEMORY_KIND_HOST,
+    .default_segment_size = 2u << 20,
+    .granularity          = 4096,
+    .usable               = ema_host_usable,
+    .arena_create         = ema_host_arena_create,
+    .arena_destroy        = ema_host_arena_destroy,
+    .prefault             = ema_host_prefault,
+    .reserve              = ema_host_reserve,
+    .unreserve            = ema_host_unreserve,
+    .map                  = ema_host_map,
+    .unmap                = ema_host_unmap,
+    .copy                 = ema_host_copy,
+};

@@ -1,0 +1,82 @@
+/*
+ * Memory kinds behind one ops table (as libfabric's hmem ops), and the
+ * per-rank arena: the memory a rank owns, cut into fixed-size segments that
+ * are free, used by the rank's own windows, or lent to a peer.
+ *
+ * The arena stands in for a GPU's memory.  On the host kind it is a memfd of
+ * EMA_DEVICE_MEMORY bytes; on the cuda kind, VMM allocations on the device.
+ */
+#ifndef EMA_MEM_H_
+#define EMA_MEM_H_
+
+#include <ema.h>
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "mem/segment_pool.h"
+
+typedef struct ema__mem_arena ema__mem_arena_t;
+
+/* What a peer needs to map one of our segments into its own address space. */
+typedef struct ema__mem_export {
+    int32_t  pid;      /* owner's process id */
+    int32_t  fd;       /* host: the arena memfd in the owner's fd table */
+    uint64_t base;     /* owner's arena address (for RMA) */
+    uint64_t capacity;
+    uint64_t seg_size;
+} ema__mem_export_t;
+
+typedef struct ema__mem_ops {
+    size_t            size;     /* sizeof(ema__mem_ops_t), for growing the table */
+    const char       *name;
+    ema_memory_kind_t kind;
+    size_t            default_segment_size;
+    size_t            granularity; /* segments must be a multiple of this */
+
+    /* Is the kind usable here (driver present, device visible)? */
+    int          (*usable)(void);
+    ema_status_t (*arena_create)(ema__mem_arena_t *arena);
+    void         (*arena_destroy)(ema__mem_arena_t *arena);
+    /* Make segments [first, first+count) resident ahead of time. */
+    ema_status_t (*prefault)(ema__mem_arena_t *arena, uint32_t first, uint32_t count);
+    /* Reserve / release address space for a window part. */
+    ema_status_t (*reserve)(ema__mem_arena_t *arena, size_t len, void **addr_p);
+    void         (*unreserve)(ema__mem_arena_t *arena, void *addr, size_t len);
+    /* Map segment @seg of the arena described by @exp (ours or a peer's) at @addr,
+     * which lies inside a reserved range. */
+    ema_status_t (*map)(ema__mem_arena_t *arena, const ema__mem_export_t *exp,
+                        uint32_t seg, void *addr);
+    /* Unmap whatever is mapped at [addr, addr+len), keeping the reservation. */
+    ema_status_t (*unmap)(ema__mem_arena_t *arena, void *addr, size_t len);
+    /* Copy between any two addresses of this kind. */
+    ema_status_t (*copy)(ema__mem_arena_t *arena, void *dst, const void *src, size_t len);
+} ema__mem_ops_t;
+
+struct ema__mem_arena {
+    const ema__mem_ops_t *ops;
+    size_t                capacity;
+    size_t                seg_size;
+    void                 *base;   /* the owner's own mapping of the whole arena */
+    int                   fd;     /* host kind: the memfd; -1 otherwise */
+    int                   device; /* cuda kind: the device ordinal */
+    void                 *priv;   /* kind-specific state */
+    ema__seg_pool_t       pool;
+};
+
+extern const ema__mem_ops_t ema__mem_host_ops;
+#ifdef HAVE_CUDA
+extern const ema__mem_ops_t ema__mem_cuda_ops;
+#endif
+
+/* The ops of @kind, resolving EMA_MEMORY_KIND_AUTO; NULL if not built. */
+const ema__mem_ops_t *ema__mem_ops_get(ema_memory_kind_t kind);
+const char           *ema__mem_kind_name(ema_memory_kind_t kind);
+
+ema_status_t ema__mem_arena_create(const ema__mem_ops_t *ops, size_t capacity, size_t seg_size,
+                                   int device, ema__mem_arena_t **arena_p);
+void         ema__mem_arena_destroy(ema__mem_arena_t *arena);
+void         ema__mem_arena_export(const ema__mem_arena_t *arena, ema__mem_export_t *exp);
+
+#endif

@@ -1,0 +1,95 @@
+#include "progress.h"
+
+#include "util/config.h"
+#include "util/log.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <string.h>
+
+#define EMA_PROGRESS_CFG(_f) offsetof(ema__progress_config_t, _f)
+
+const ema_config_field_t ema__progress_config_table[] = {
+    {"PROGRESS_THREAD", "y",
+     "run a progress thread per rank, so passive-target RMA and control messages "
+     "complete while the application computes",
+     EMA_PROGRESS_CFG(thread), &ema__config_bool},
+    {"PROGRESS_SPIN", "2000",
+     "empty polls the progress thread makes before it sleeps on UCX's event fd",
+     EMA_PROGRESS_CFG(spin), &ema__config_uint},
+    EMA_CONFIG_TABLE_END};
+
+unsigned ema__progress_once(ema__progress_t *pg)
+{
+    unsigned n = ema__xport_progress(pg->xp);
+    n += (unsigned)ema__xport_run_deferred(pg->xp);
+    return n;
+}
+
+static void *ema_progress_main(void *arg)
+{
+    ema__progress_t *pg = arg;
+    ema__xport_t *xp    = pg->xp;
+    unsigned idle       = 0;
+    struct pollfd pfd   = {.fd = xp->efd, .events = POLLIN};
+
+    while (!atomic_load_explicit(&pg->stop, memory_order_relaxed)) {
+        if (ema__progress_once(pg) > 0) {
+            idle = 0;
+            continue;
+        }
+        if (++idle < pg->cfg.spin) {
+            continue;
+        }
+        idle = 0;
+        if (xp->efd < 0) {
+            ema__xport_idle(xp);
+            continue;
+        }
+        ucs_status_t status = ucp_worker_arm(xp->worker);
+        if (status == UCS_ERR_BUSY) {
+            continue; /* events arrived meanwhile */
+        }
+        if (status != UCS_OK) {
+            ema__xport_idle(xp);
+            continue;
+        }
+        /* The timeout bounds how long a missed wake-up can stall progress. */
+        if (poll(&pfd, 1, 10) < 0 && errno != EINTR) {
+            ema_warn("poll(ucx event fd) failed: %m");
+        }
+    }
+    return NULL;
+}
+
+ema_status_t ema__progress_start(ema__progress_t *pg, ema__xport_t *xp)
+{
+    pg->xp      = xp;
+    pg->running = 0;
+    atomic_init(&pg->stop, 0);
+    if (!pg->cfg.thread) {
+        ema_debug("progress thread disabled: the application must call ema_progress()");
+        return EMA_SUCCESS;
+    }
+    int rc = pthread_create(&pg->thread, NULL, ema_progress_main, pg);
+    if (rc != 0) {
+        errno = rc;
+        ema_error("pthread_create(progress thread) failed: %m");
+        return EMA_ERR_NO_RESOURCE;
+    }
+    pg->running = 1;
+    return EMA_SUCCESS;
+}
+
+void ema__progress_stop(ema__progress_t *pg)
+{
+    if (!pg->running) {
+        return;
+    }
+    atomic_store(&pg->stop, 1);
+    if (pg->xp->efd >= 0) {
+        ucp_worker_signal(pg->xp->worker);
+    }
+    pthread_join(pg->thread, NULL);
+    pg->running = 0;
+}

@@ -1,0 +1,371 @@
+#include "runtime.h"
+
+#include "util/config.h"
+#include "util/log.h"
+#include "util/state.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define EMA_RT_CFG(_f) offsetof(ema__runtime_config_t, _f)
+
+static const char *ema_kind_names[]  = {"auto", "host", "cuda", NULL};
+static const char *ema_level_names[] = {"error", "warn", "info", "debug", "trace", NULL};
+static const ema_config_parser_t ema_kind_parser  = EMA_CONFIG_ENUM(ema_kind_names);
+static const ema_config_parser_t ema_level_parser = EMA_CONFIG_ENUM(ema_level_names);
+
+const ema_config_field_t ema__runtime_config_table[] = {
+    {"MEMORY_KIND", "auto",
+     "memory kind of each rank's memory: cuda where a GPU is usable, else host",
+     EMA_RT_CFG(memory_kind), &ema_kind_parser},
+    {"DEVICE_MEMORY", "1G",
+     "capacity of each rank's memory (its arena): the memory a GPU would have",
+     EMA_RT_CFG(device_memory), &ema__config_size},
+    {"SEGMENT_SIZE", "auto",
+     "size of the segments windows are made of and lent in (auto: 2M on host, "
+     "64M on cuda, where each VMM map costs ~50 us whatever the size)",
+     EMA_RT_CFG(segment_size), &ema__config_size_auto},
+    {"LOG_LEVEL", "warn", "log level: error, warn, info, debug or trace",
+     EMA_RT_CFG(log_level), &ema_level_parser},
+    EMA_CONFIG_TABLE_END};
+
+/* Every module's table, for ema_config_print() and the typo check. */
+static const ema_config_field_t *const ema_config_tables[] = {
+    ema__runtime_config_table, ema__boot_config_table, ema__xport_config_table,
+    ema__progress_config_table, NULL};
+
+static ema__world_t ema_world;
+
+static ema_status_t ema_read_config(ema__world_t *w, const ema_init_params_t *params)
+{
+    ema_status_t status;
+
+    if ((status = ema__config_read(ema__runtime_config_table, &w->cfg)) != EMA_SUCCESS ||
+        (status = ema__config_read(ema__boot_config_table, &w->boot.cfg)) != EMA_SUCCESS ||
+        (status = ema__config_read(ema__xport_config_table, &w->xp.cfg)) != EMA_SUCCESS ||
+        (status = ema__config_read(ema__progress_config_table, &w->progress.cfg)) !=
+            EMA_SUCCESS) {
+        return status;
+    }
+    ema__log_level = (ema_log_level_t)w->cfg.log_level;
+    ema__config_warn_unknown(ema_config_tables);
+
+    if (params != NULL) {
+        if (params->field_mask & EMA_INIT_PARAM_FIELD_MEMORY_KIND) {
+            w->cfg.memory_kind = params->memory_kind;
+        }
+        if (params->field_mask & EMA_INIT_PARAM_FIELD_DEVICE_MEMORY) {
+            w->cfg.device_memory = params->device_memory;
+        }
+        if (params->field_mask & EMA_INIT_PARAM_FIELD_SEGMENT_SIZE) {
+            w->cfg.segment_size = params->segment_size;
+        }
+    }
+    return EMA_SUCCESS;
+}
+
+static ema_status_t ema_check_params(const ema_init_params_t *params)
+{
+    const uint64_t known = EMA_INIT_PARAM_FIELD_MEMORY_KIND |
+                           EMA_INIT_PARAM_FIELD_DEVICE_MEMORY |
+                           EMA_INIT_PARAM_FIELD_SEGMENT_SIZE;
+    if (params == NULL) {
+        return EMA_SUCCESS;
+    }
+    if (params->field_mask & ~known) {
+        return EMA_ERR_INVALID_PARAM;
+    }
+    if ((params->field_mask & EMA_INIT_PARAM_FIELD_MEMORY_KIND) &&
+        (params->memory_kind < EMA_MEMORY_KIND_AUTO || params->memory_kind > EMA_MEMORY_KIND_CUDA)) {
+        return EMA_ERR_INVALID_PARAM;
+    }
+    if ((params->field_mask & EMA_INIT_PARAM_FIELD_DEVICE_MEMORY) && params->device_memory == 0) {
+        return EMA_ERR_INVALID_PARAM;
+    }
+    return EMA_SUCCESS;
+}
+
+/* The modex blob: [u32 address length][UCX worker address][win layer blob]. */
+static ema_status_t ema_modex(ema__world_t *w)
+{
+    void *wblob = NULL, **blobs = NULL, **addrs = NULL, **wblobs = NULL;
+    size_t wlen = 0, *lens = NULL, *wlens = NULL;
+    ema_status_t status;
+    char *blob;
+    uint32_t alen = (uint32_t)w->xp.address_len;
+
+    status = ema__win_ctx_blob(&w->win, &wblob, &wlen);
+    if (status != EMA_SUCCESS) {
+        return status;
+    }
+    size_t len = sizeof(alen) + alen + wlen;
+    blob = malloc(len);
+    if (blob == NULL) {
+        free(wblob);
+        return EMA_ERR_NO_MEMORY;
+    }
+    memcpy(blob, &alen, sizeof(alen));
+    memcpy(blob + sizeof(alen), w->xp.address, alen);
+    memcpy(blob + sizeof(alen) + alen, wblob, wlen);
+    free(wblob);
+
+    status = ema__boot_exchange(&w->boot, "ema.modex", blob, len, &blobs, &lens);
+    free(blob);
+    if (status != EMA_SUCCESS) {
+        return status;
+    }
+    addrs  = calloc((size_t)w->boot.size, sizeof(*addrs));
+    wblobs = calloc((size_t)w->boot.size, sizeof(*wblobs));
+    wlens  = calloc((size_t)w->boot.size, sizeof(*wlens));
+    if (addrs == NULL || wblobs == NULL || wlens == NULL) {
+        status = EMA_ERR_NO_MEMORY;
+        goto out;
+    }
+    for (int r = 0; r < w->boot.size; r++) {
+        memcpy(&alen, blobs[r], sizeof(alen));
+        if (lens[r] < sizeof(alen) + alen) {
+            ema_error("malformed modex entry from rank %d", r);
+            status = EMA_ERR_BOOTSTRAP;
+            goto out;
+        }
+        addrs[r]  = (char *)blobs[r] + sizeof(alen);
+        wblobs[r] = (char *)blobs[r] + sizeof(alen) + alen;
+        wlens[r]  = lens[r] - sizeof(alen) - alen;
+    }
+    status = ema__xport_connect(&w->xp, addrs);
+    if (status == EMA_SUCCESS) {
+        status = ema__win_ctx_connect(&w->win, wblobs, wlens);
+    }
+out:
+    free(addrs);
+    free(wblobs);
+    free(wlens);
+    ema__boot_free_blobs(&w->boot, blobs, lens);
+    return status;
+}
+
+EMA_EXPORT ema_status_t ema_init(const ema_init_params_t *params)
+{
+    ema__world_t *w = &ema_world;
+    const ema__mem_ops_t *ops;
+    ema_status_t status;
+    int expected = EMA_STATE_NONE;
+
+    if (!atomic_compare_exchange_strong(&ema__state, &expected, EMA_STATE_INITING)) {
+        return EMA_ERR_STATE; /* initialised, finalised, or another thread inside */
+    }
+    status = ema_check_params(params);
+    if (status != EMA_SUCCESS) {
+        goto err_state;
+    }
+    memset(w, 0, sizeof(*w));
+    status = ema_read_config(w, params);
+    if (status != EMA_SUCCESS) {
+        goto err_state;
+    }
+
+    status = ema__boot_init(&w->boot);
+    if (status != EMA_SUCCESS) {
+        goto err_state;
+    }
+    ema__log_set_rank(w->boot.rank);
+
+    ops = ema__mem_ops_get((ema_memory_kind_t)w->cfg.memory_kind);
+    if (ops == NULL) {
+        ema_error("memory kind '%s' is not supported by this build (configure --with-cuda)",
+                  ema__mem_kind_name((ema_memory_kind_t)w->cfg.memory_kind));
+        status = EMA_ERR_UNSUPPORTED;
+        goto err_boot;
+    }
+    if (!ops->usable()) {
+        ema_error("memory kind '%s' is not usable here (no GPU or driver)", ops->name);
+        status = EMA_ERR_UNSUPPORTED;
+        goto err_boot;
+    }
+    status = ema__mem_arena_create(ops, w->cfg.device_memory,
+                                   w->cfg.segment_size ? w->cfg.segment_size
+                                                       : ops->default_segment_size,
+                                   w->boot.local_rank, &w->arena);
+    if (status != EMA_SUCCESS) {
+        goto err_boot;
+    }
+
+    w->xp.request_size = sizeof(struct ema_request);
+    status = ema__xport_create(&w->xp, w->boot.rank, w->boot.size);
+    if (status != EMA_SUCCESS) {
+        goto err_arena;
+    }
+    status = ema__win_ctx_init(&w->win, &w->xp, w->arena, w->boot.rank, w->boot.size);
+    if (status != EMA_SUCCESS) {
+        goto err_xport;
+    }
+    status = ema_modex(w);
+    if (status != EMA_SUCCESS) {
+        goto err_win;
+    }
+    status = ema__progress_start(&w->progress, &w->xp);
+    if (status != EMA_SUCCESS) {
+        goto err_win;
+    }
+    ema__win_world = &w->win;
+    ema_debug("world of %d ready: %s memory, %zu bytes in segments of %zu, ucx %s",
+              w->boot.size, ops->name, w->arena->capacity, w->arena->seg_size,
+              w->xp.transports);
+    atomic_store(&ema__state, EMA_STATE_READY);
+    return EMA_SUCCESS;
+
+err_win:
+    ema__win_ctx_cleanup(&w->win);
+err_xport:
+    ema__xport_destroy(&w->xp);
+err_arena:
+    ema__mem_arena_destroy(w->arena);
+    w->arena = NULL;
+err_boot:
+    ema__boot_finalize(&w->boot);
+err_state:
+    atomic_store(&ema__state, EMA_STATE_NONE);
+    return status;
+}
+
+EMA_EXPORT ema_status_t ema_finalize(void)
+{
+    ema__world_t *w = &ema_world;
+    ema_status_t status = ema__check_ready();
+    if (status != EMA_SUCCESS) {
+        return status;
+    }
+    /* Windows the application did not free: free them collectively, in the
+     * order every rank created them (the list is newest first). */
+    while (w->win.wins != NULL) {
+        ema_win_h last = w->win.wins;
+        while (last->next != NULL) {
+            last = last->next;
+        }
+        ema_win_free(last);
+    }
+    status = ema__xport_flush(&w->xp);
+    if (status == EMA_SUCCESS) {
+        status = ema__xport_barrier(&w->xp);
+    }
+    atomic_store(&ema__state, EMA_STATE_FINALIZED);
+    ema__win_world = NULL;
+    ema__progress_stop(&w->progress);
+    ema__win_ctx_cleanup(&w->win);
+    ema__xport_destroy(&w->xp);
+    ema__mem_arena_destroy(w->arena);
+    w->arena = NULL;
+    ema__boot_finalize(&w->boot);
+    return status;
+}
+
+EMA_EXPORT ema_status_t ema_world_rank(int *rank_p)
+{
+    ema_status_t status = ema__check_ready();
+    if (status != EMA_SUCCESS) {
+        return status;
+    }
+    if (rank_p == NULL) {
+        return EMA_ERR_INVALID_PARAM;
+    }
+    *rank_p = ema_world.boot.rank;
+    return EMA_SUCCESS;
+}
+
+EMA_EXPORT ema_status_t ema_world_size(int *size_p)
+{
+    ema_status_t status = ema__check_ready();
+    if (status != EMA_SUCCESS) {
+        return status;
+    }
+    if (size_p == NULL) {
+        return EMA_ERR_INVALID_PARAM;
+    }
+    *size_p = ema_world.boot.size;
+    return EMA_SUCCESS;
+}
+
+EMA_EXPORT ema_status_t ema_barrier(void)
+{
+    ema_status_t status = ema__check_ready();
+    if (status != EMA_SUCCESS) {
+        return status;
+    }
+    return ema__xport_barrier(&ema_world.xp);
+}
+
+EMA_EXPORT ema_status_t ema_progress(void)
+{
+    ema_status_t status = ema__check_ready();
+    if (status != EMA_SUCCESS) {
+        return status;
+    }
+    return ema__progress_once(&ema_world.progress) ? EMA_SUCCESS : EMA_INPROGRESS;
+}
+
+EMA_EXPORT ema_status_t ema_config_print(FILE *stream)
+{
+    ema__runtime_config_t rt;
+    ema__boot_config_t boot;
+    ema__xport_config_t xp;
+    ema__progress_config_t pg;
+
+    if (stream == NULL) {
+        return EMA_ERR_INVALID_PARAM;
+    }
+    /* Values as the environment sets them now; a bad value shows its default
+     * and is reported. */
+    ema__config_read(ema__runtime_config_table, &rt);
+    ema__config_read(ema__boot_config_table, &boot);
+    ema__config_read(ema__xport_config_table, &xp);
+    ema__config_read(ema__progress_config_table, &pg);
+    ema__config_print(ema__runtime_config_table, &rt, stream);
+    ema__config_print(ema__boot_config_table, &boot, stream);
+    ema__config_print(ema__xport_config_table, &xp, stream);
+    ema__config_print(ema__progress_config_table, &pg, stream);
+    return EMA_SUCCESS;
+}
+
+EMA_EXPORT ema_status_t ema_info_print(FILE *stream, unsigned flags)
+{
+    ema__world_t *w = &ema_world;
+    int ready = (ema__check_ready() == EMA_SUCCESS);
+
+    if (stream == NULL || (flags & ~(unsigned)EMA_INFO_ALL) || flags == 0) {
+        return EMA_ERR_INVALID_PARAM;
+    }
+    if (flags & EMA_INFO_VERSION) {
+        unsigned maj, min, rel;
+        ucp_get_version(&maj, &min, &rel);
+        fprintf(stream, "# ema version:   %s\n", ema_version_string());
+        fprintf(stream, "# ucx version:   %u.%u.%u\n", maj, min, rel);
+#ifdef HAVE_CUDA
+        fprintf(stream, "# cuda kind:     built\n");
+#else
+        fprintf(stream, "# cuda kind:     not built (configure --with-cuda)\n");
+#endif
+    }
+    if (flags & EMA_INFO_WORLD) {
+        if (!ready) {
+            fprintf(stream, "# world:         (not initialized)\n");
+        } else {
+            fprintf(stream, "# world:         %d rank%s, this is rank %d (%s)\n", w->boot.size,
+                    w->boot.size == 1 ? "" : "s", w->boot.rank,
+                    w->boot.singleton ? "singleton, no launcher" : "PMIx");
+            fprintf(stream, "# memory kind:   %s\n", w->arena->ops->name);
+            fprintf(stream, "# capacity:      %zu bytes in %u segments of %zu bytes\n",
+                    w->arena->capacity, w->arena->pool.nsegs, w->arena->seg_size);
+            fprintf(stream, "# progress:      %s\n",
+                    w->progress.running ? "thread" : "application (ema_progress)");
+        }
+    }
+    if (flags & EMA_INFO_TRANSPORT) {
+        if (!ready) {
+            fprintf(stream, "# transports:    (not initialized)\n");
+        } else {
+            fprintf(stream, "# transports:    %s\n",
+                    w->xp.transports[0] ? w->xp.transports : "(none reported)");
+        }
+    }
+    return EMA_SUCCESS;
+}

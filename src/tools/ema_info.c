@@ -1,0 +1,52 @@
+/* ema_info: what EMA sees on this machine.  See ema_info(1). */
+#include <ema.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: ema_info [-c] [-v] [-t] [-h]\n"
+               "  (none)  version, topology, world and UCX transports\n"
+               "  -c      every EMA_* variable with its value, default and help\n"
+               "  -v      versions only\n"
+               "  -t      topology only (no world is started)\n"
+               "  -h      this help\n");
+}
+
+int main(int argc, char **argv)
+{
+    int opt, config = 0, version = 0, topo = 0;
+
+    while ((opt = getopt(argc, argv, "cvth")) != -1) {
+        switch (opt) {
+        case 'c': config = 1; break;
+        case 'v': version = 1; break;
+        case 't': topo = 1; break;
+        case 'h': usage(stdout); return 0;
+        default: usage(stderr); return 2;
+        }
+    }
+    if (config) {
+        return ema_config_print(stdout) == EMA_SUCCESS ? 0 : 1;
+    }
+    if (version) {
+        return ema_info_print(stdout, EMA_INFO_VERSION) == EMA_SUCCESS ? 0 : 1;
+    }
+    if (topo) {
+        return ema_info_print(stdout, EMA_INFO_TOPOLOGY) == EMA_SUCCESS ? 0 : 1;
+    }
+    ema_status_t status = ema_init(NULL);
+    if (status != EMA_SUCCESS) {
+        fprintf(stderr, "ema_info: ema_init failed: %s\n", ema_strerror(status));
+        ema_info_print(stdout, EMA_INFO_VERSION | EMA_INFO_TOPOLOGY);
+        return 1;
+    }
+    int rank = 0;
+    ema_world_rank(&rank);
+    if (rank == 0) {
+        ema_info_print(stdout, EMA_INFO_ALL);
+    }
+    ema_finalize();
+    return 0;
+}

@@ -1,0 +1,51 @@
+#include "log.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+ema_log_level_t ema__log_level = EMA_LOG_WARN;
+static int ema_log_rank = -1;
+
+static const char *ema_log_names[] = {"error", "warn", "info", "debug", "trace"};
+
+const char *ema__log_level_name(ema_log_level_t level)
+{
+    return (level <= EMA_LOG_TRACE) ? ema_log_names[level] : "?";
+}
+
+void ema__log_set_rank(int rank)
+{
+    ema_log_rank = rank;
+}
+
+void ema__log(ema_log_level_t level, const char *file, int line, const char *fmt, ...)
+{
+    char msg[1024];
+    int saved_errno = errno; /* keep %m meaningful in fmt */
+    va_list ap;
+
+    va_start(ap, fmt);
+    errno = saved_errno;
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+
+    /* One write() per line so that lines of several ranks do not interleave. */
+    char out[1200];
+    const char *base = strrchr(file, '/');
+    int n;
+    if (level >= EMA_LOG_DEBUG) {
+        n = snprintf(out, sizeof(out), "[ema %d:%d] %s: %s (%s:%d)\n", ema_log_rank,
+                     (int)getpid(), ema_log_names[level], msg, base ? base + 1 : file, line);
+    } else {
+        n = snprintf(out, sizeof(out), "[ema %d:%d] %s: %s\n", ema_log_rank, (int)getpid(),
+                     ema_log_names[level], msg);
+    }
+    if (n > (int)sizeof(out)) {
+        n = sizeof(out);
+    }
+    ssize_t w = write(STDERR_FILENO, out, (size_t)n);
+    (void)w;
+    errno = saved_errno;
+}

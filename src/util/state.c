@@ -1,0 +1,3 @@
+#include "state.h"
+
+atomic_int ema__state = EMA_STATE_NONE;

@@ -1,0 +1,24 @@
+/* The library's lifecycle state, checked at the top of every public call. */
+#ifndef EMA_UTIL_STATE_H_
+#define EMA_UTIL_STATE_H_
+
+#include <ema.h>
+#include <stdatomic.h>
+
+enum {
+    EMA_STATE_NONE      = 0, /* ema_init not called yet */
+    EMA_STATE_INITING   = 1, /* inside ema_init */
+    EMA_STATE_READY     = 2,
+    EMA_STATE_FINALIZED = 3
+};
+
+extern atomic_int ema__state;
+
+static inline ema_status_t ema__check_ready(void)
+{
+    return (atomic_load_explicit(&ema__state, memory_order_acquire) == EMA_STATE_READY)
+               ? EMA_SUCCESS
+               : EMA_ERR_STATE;
+}
+
+#endif

@@ -1,0 +1,72 @@
+/* Public window calls: argument checks, then the win layer. */
+#include "win.h"
+
+#include "util/log.h"
+#include "util/state.h"
+
+ema__win_ctx_t *ema__win_world; /* set by the runtime between init and finalize */
+
+ema_status_t ema__win_allocate(ema__win_ctx_t *ctx, size_t size, const ema_win_params_t *params,
+                               void **base_p, ema_win_h *win_p);
+ema_status_t ema__win_free(ema__win_ctx_t *ctx, ema_win_h win);
+
+EMA_EXPORT ema_status_t ema_win_allocate(size_t size, const ema_win_params_t *params,
+                                         void **base_p, ema_win_h *win_p)
+{
+    ema_status_t status = ema__check_ready();
+    if (status != EMA_SUCCESS) {
+        return status;
+    }
+    /* Argument errors are local, but the call is collective: a rank that
+     * returns early leaves the others waiting.  As with MPI, every rank must
+     * pass valid arguments; an invalid one is reported on the rank that
+     * passed it, before any communication. */
+    if (base_p == NULL || win_p == NULL) {
+        return EMA_ERR_INVALID_PARAM;
+    }
+    if (params != NULL) {
+        if (params->field_mask & ~(uint64_t)EMA_WIN_PARAM_FIELD_MAX_SIZE) {
+            return EMA_ERR_INVALID_PARAM;
+        }
+        if ((params->field_mask & EMA_WIN_PARAM_FIELD_MAX_SIZE) && params->max_size < size) {
+            return EMA_ERR_INVALID_PARAM;
+        }
+    }
+    if (size > ((size_t)1 << 50)) { /* beyond any machine: a negative size cast */
+        return EMA_ERR_INVALID_PARAM;
+    }
+    return ema__win_allocate(ema__win_world, size, params, base_p, win_p);
+}
+
+EMA_EXPORT ema_status_t ema_win_free(ema_win_h win)
+{
+    ema_status_t status = ema__check_ready();
+    if (status != EMA_SUCCESS) {
+        return status;
+    }
+    status = ema__win_check(win);
+    if (status != EMA_SUCCESS) {
+        return status;
+    }
+    return ema__win_free(win->ctx, win);
+}
+
+EMA_EXPORT ema_status_t ema_win_size(ema_win_h win, int rank, size_t *size_p)
+{
+    ema_status_t status = ema__check_ready();
+    if (status != EMA_SUCCESS) {
+        return status;
+    }
+    status = ema__win_check(win);
+    if (status != EMA_SUCCESS) {
+        return status;
+    }
+    if (rank < 0 || rank >= win->ctx->size) {
+        return EMA_ERR_INVALID_RANK;
+    }
+    if (size_p == NULL) {
+        return EMA_ERR_INVALID_PARAM;
+    }
+    *size_p = win->parts[rank].size;
+    return EMA_SUCCESS;
+}

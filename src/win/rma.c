@@ -1,0 +1,399 @@
+/*
+ * Put, get and atomics.  The fast path: check the state and arguments, walk
+ * the target part's segment table, and issue one UCX operation per run of
+ * segments that are contiguous in one arena.  No lock, no malloc and no
+ * system call, except the malloc of an aggregate request when a non-blocking
+ * operation spans several runs.
+ */
+#include "win.h"
+
+#include "util/log.h"
+#include "util/state.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static struct ema_request ema_req_done = {.magic = EMA_REQ_MAGIC_DONE};
+
+typedef enum { EMA_OP_PUT, EMA_OP_GET } ema_op_t;
+
+static inline ema_status_t ema_rma_check(ema_win_h win, int rank, size_t offset, const void *buf,
+                                         size_t len)
+{
+    ema_status_t status = ema__check_ready();
+    if (status != EMA_SUCCESS) {
+        return status;
+    }
+    status = ema__win_check(win);
+    if (status != EMA_SUCCESS) {
+        return status;
+    }
+    if (rank < 0 || rank >= win->ctx->size) {
+        return EMA_ERR_INVALID_RANK;
+    }
+    if (buf == NULL && len > 0) {
+        return EMA_ERR_INVALID_PARAM;
+    }
+    size_t psize = win->parts[rank].size;
+    if (offset > psize || len > psize - offset) {
+        return EMA_ERR_RANGE;
+    }
+    return EMA_SUCCESS;
+}
+
+/* Find the run starting at @offset: the target rank, remote address, and
+ * how many bytes from there are contiguous in that rank's arena. */
+static inline size_t ema_rma_run(ema_win_h win, const ema__win_part_t *part, size_t offset,
+                                 size_t len, int *rank_p, uint64_t *raddr_p)
+{
+    ema__win_ctx_t *ctx = win->ctx;
+    size_t seg  = ctx->seg_size;
+    uint32_t i  = (uint32_t)(offset / seg);
+    size_t in   = offset - (size_t)i * seg;
+    ema__seg_loc_t loc = part->loc[i];
+    size_t run  = seg - in;
+
+    while (run < len && i + 1 < part->nsegs && part->loc[i + 1].rank == loc.rank &&
+           part->loc[i + 1].seg == part->loc[i].seg + 1) {
+        i++;
+        run += seg;
+    }
+    *rank_p  = loc.rank;
+    *raddr_p = ctx->arena_mr.bases[loc.rank] + (uint64_t)loc.seg * seg + in;
+    return (run < len) ? run : len;
+}
+
+static void ema_rma_noop_cb(void *request, ucs_status_t status, void *user_data)
+{
+}
+
+static void ema_rma_agg_cb(void *request, ucs_status_t status, void *user_data)
+{
+    struct ema_request *agg = user_data;
+    if (status != UCS_OK) {
+        int expected = EMA_SUCCESS;
+        atomic_compare_exchange_strong(&agg->status, &expected, ema__xport_status(status));
+    }
+    ucp_request_free(request);
+    atomic_fetch_sub_explicit(&agg->pending, 1, memory_order_release);
+}
+
+static inline ucs_status_ptr_t ema_rma_issue(ema__win_ctx_t *ctx, ema_op_t op, int rank,
+                                             void *buf, size_t len, uint64_t raddr,
+                                             const ucp_request_param_t *param)
+{
+    ucp_ep_h ep     = ctx->xp->eps[rank];
+    ucp_rkey_h rkey = ctx->arena_mr.rkeys[rank];
+    return (op == EMA_OP_PUT) ? ucp_put_nbx(ep, buf, len, raddr, rkey, param)
+                              : ucp_get_nbx(ep, buf, len, raddr, rkey, param);
+}
+
+/* Blocking: issue every run, then wait for all of them. */
+static ema_status_t ema_rma_blocking(ema_win_h win, ema_op_t op, int rank, size_t offset,
+                                     void *buf, size_t len)
+{
+    ema__win_ctx_t *ctx = win->ctx;
+    const ema__win_part_t *part = &win->parts[rank];
+    ucp_request_param_t param;
+    ucs_status_ptr_t reqs[16];
+    ema_status_t status = EMA_SUCCESS, st;
+    int nreqs = 0, trank;
+    uint64_t raddr;
+
+    param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK;
+    param.cb.send      = ema_rma_noop_cb;
+    while (len > 0) {
+        size_t n = ema_rma_run(win, part, offset, len, &trank, &raddr);
+        ucs_status_ptr_t sp = ema_rma_issue(ctx, op, trank, buf, n, raddr, &param);
+        if (UCS_PTR_IS_ERR(sp)) {
+            st = ema__xport_wait(ctx->xp, sp, op == EMA_OP_PUT ? "ucp_put_nbx" : "ucp_get_nbx");
+            status = (status == EMA_SUCCESS) ? st : status;
+            break;
+        }
+        if (sp != NULL) {
+            if (nreqs == (int)(sizeof(reqs) / sizeof(reqs[0]))) {
+                st     = ema__xport_wait(ctx->xp, reqs[0], "ucp rma");
+                status = (status == EMA_SUCCESS) ? st : status;
+                memmove(reqs, reqs + 1, sizeof(reqs[0]) * (size_t)(--nreqs));
+            }
+            reqs[nreqs++] = sp;
+        }
+        buf = (char *)buf + n;
+        offset += n;
+        len -= n;
+    }
+    for (int i = 0; i < nreqs; i++) {
+        st     = ema__xport_wait(ctx->xp, reqs[i], op == EMA_OP_PUT ? "ucp_put_nbx" : "ucp_get_nbx");
+        status = (status == EMA_SUCCESS) ? st : status;
+    }
+    return status;
+}
+
+static ema_status_t ema_rma_nb(ema_win_h win, ema_op_t op, int rank, size_t offset, void *buf,
+                               size_t len, ema_request_h *req_p)
+{
+    ema__win_ctx_t *ctx = win->ctx;
+    const ema__win_part_t *part = &win->parts[rank];
+    ucp_request_param_t param;
+    struct ema_request *agg = NULL;
+    int trank;
+    uint64_t raddr;
+
+    if (len == 0) {
+        *req_p = &ema_req_done;
+        return EMA_SUCCESS;
+    }
+    size_t n = ema_rma_run(win, part, offset, len, &trank, &raddr);
+    if (n == len) {
+        /* one run: the UCX request is the handle */
+        param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK;
+        param.cb.send      = ema_rma_noop_cb;
+        ucs_status_ptr_t sp = ema_rma_issue(ctx, op, trank, buf, n, raddr, &param);
+        if (sp == NULL) {
+            *req_p = &ema_req_done;
+            return EMA_SUCCESS;
+        }
+        if (UCS_PTR_IS_ERR(sp)) {
+            return ema__xport_wait(ctx->xp, sp, op == EMA_OP_PUT ? "ucp_put_nbx" : "ucp_get_nbx");
+        }
+        struct ema_request *req = sp;
+        req->magic = EMA_REQ_MAGIC_UCX;
+        req->xp    = ctx->xp;
+        *req_p     = req;
+        return EMA_SUCCESS;
+    }
+
+    agg = malloc(sizeof(*agg));
+    if (agg == NULL) {
+        return EMA_ERR_NO_MEMORY;
+    }
+    agg->magic = EMA_REQ_MAGIC_AGG;
+    agg->xp    = ctx->xp;
+    atomic_init(&agg->status, EMA_SUCCESS);
+    atomic_init(&agg->pending, 1); /* held until every run is issued */
+    param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    param.cb.send      = ema_rma_agg_cb;
+    param.user_data    = agg;
+    while (len > 0) {
+        n = ema_rma_run(win, part, offset, len, &trank, &raddr);
+        atomic_fetch_add(&agg->pending, 1);
+        ucs_status_ptr_t sp = ema_rma_issue(ctx, op, trank, buf, n, raddr, &param);
+        if (sp == NULL || UCS_PTR_IS_ERR(sp)) {
+            if (UCS_PTR_IS_ERR(sp)) {
+                ema_error("%s failed: %s", op == EMA_OP_PUT ? "ucp_put_nbx" : "ucp_get_nbx",
+                          ucs_status_string(UCS_PTR_STATUS(sp)));
+                int expected = EMA_SUCCESS;
+                atomic_compare_exchange_strong(&agg->status, &expected,
+                                               ema__xport_status(UCS_PTR_STATUS(sp)));
+            }
+            atomic_fetch_sub(&agg->pending, 1);
+        }
+        buf = (char *)buf + n;
+        offset += n;
+        len -= n;
+    }
+    atomic_fetch_sub(&agg->pending, 1);
+    *req_p = agg;
+    return EMA_SUCCESS;
+}
+
+EMA_EXPORT ema_status_t ema_put(ema_win_h win, int rank, size_t offset, const void *buf,
+                                size_t len)
+{
+    ema_status_t status = ema_rma_check(win, rank, offset, buf, len);
+    if (status != EMA_SUCCESS || len == 0) {
+        return status;
+    }
+    return ema_rma_blocking(win, EMA_OP_PUT, rank, offset, (void *)buf, len);
+}
+
+EMA_EXPORT ema_status_t ema_get(ema_win_h win, int rank, size_t offset, void *buf, size_t len)
+{
+    ema_status_t status = ema_rma_check(win, rank, offset, buf, len);
+    if (status != EMA_SUCCESS || len == 0) {
+        return status;
+    }
+    return ema_rma_blocking(win, EMA_OP_GET, rank, offset, buf, len);
+}
+
+EMA_EXPORT ema_status_t ema_put_nb(ema_win_h win, int rank, size_t offset, const void *buf,
+                                   size_t len, ema_request_h *req_p)
+{
+    ema_status_t status = ema_rma_check(win, rank, offset, buf, len);
+    if (status != EMA_SUCCESS) {
+        return status;
+    }
+    if (req_p == NULL) {
+        return EMA_ERR_INVALID_PARAM;
+    }
+    return ema_rma_nb(win, EMA_OP_PUT, rank, offset, (void *)buf, len, req_p);
+}
+
+EMA_EXPORT ema_status_t ema_get_nb(ema_win_h win, int rank, size_t offset, void *buf,
+                                   size_t len, ema_request_h *req_p)
+{
+    ema_status_t status = ema_rma_check(win, rank, offset, buf, len);
+    if (status != EMA_SUCCESS) {
+        return status;
+    }
+    if (req_p == NULL) {
+        return EMA_ERR_INVALID_PARAM;
+    }
+    return ema_rma_nb(win, EMA_OP_GET, rank, offset, buf, len, req_p);
+}
+
+static ema_status_t ema_req_check(ema_request_h req)
+{
+    ema_status_t status = ema__check_ready();
+    if (status != EMA_SUCCESS) {
+        return status;
+    }
+    if (req == NULL || (req->magic != EMA_REQ_MAGIC_UCX && req->magic != EMA_REQ_MAGIC_AGG &&
+                        req->magic != EMA_REQ_MAGIC_DONE)) {
+        return EMA_ERR_INVALID_HANDLE;
+    }
+    return EMA_SUCCESS;
+}
+
+/* Test once; on completion release the request and return its status. */
+static ema_status_t ema_req_poll(ema_request_h req)
+{
+    ema_status_t status;
+
+    switch (req->magic) {
+    case EMA_REQ_MAGIC_DONE:
+        return EMA_SUCCESS;
+    case EMA_REQ_MAGIC_UCX: {
+        ucs_status_t us = ucp_request_check_status(req);
+        if (us == UCS_INPROGRESS) {
+            return EMA_INPROGRESS;
+        }
+        req->magic = 0;
+        ucp_request_free(req);
+        if (us != UCS_OK) {
+            ema_error("non-blocking rma failed: %s", ucs_status_string(us));
+        }
+        return ema__xport_status(us);
+    }
+    default: /* aggregate */
+        if (atomic_load_explicit(&req->pending, memory_order_acquire) > 0) {
+            return EMA_INPROGRESS;
+        }
+        status     = (ema_status_t)atomic_load(&req->status);
+        req->magic = 0;
+        free(req);
+        return status;
+    }
+}
+
+EMA_EXPORT ema_status_t ema_test(ema_request_h req)
+{
+    ema_status_t status = ema_req_check(req);
+    if (status != EMA_SUCCESS) {
+        return status;
+    }
+    status = ema_req_poll(req);
+    if (status == EMA_INPROGRESS) {
+        ema__xport_progress(req->xp);
+        status = ema_req_poll(req);
+    }
+    return status;
+}
+
+EMA_EXPORT ema_status_t ema_wait(ema_request_h req)
+{
+    ema_status_t status = ema_req_check(req);
+    if (status != EMA_SUCCESS) {
+        return status;
+    }
+    ema__xport_t *xp = req->xp;
+    while ((status = ema_req_poll(req)) == EMA_INPROGRESS) {
+        if (ema__xport_progress(xp) == 0) {
+            ema__xport_idle(xp);
+        }
+    }
+    return status;
+}
+
+EMA_EXPORT ema_status_t ema_win_flush(ema_win_h win, int rank)
+{
+    ema_status_t status = ema__check_ready();
+    if (status != EMA_SUCCESS) {
+        return status;
+    }
+    status = ema__win_check(win);
+    if (status != EMA_SUCCESS) {
+        return status;
+    }
+    if (rank < 0 || rank >= win->ctx->size) {
+        return EMA_ERR_INVALID_RANK;
+    }
+    const ema__win_part_t *part = &win->parts[rank];
+    for (int i = 0; i < part->nranks; i++) {
+        status = ema__xport_flush_ep(win->ctx->xp, part->ranks[i]);
+        if (status != EMA_SUCCESS) {
+            return status;
+        }
+    }
+    return EMA_SUCCESS;
+}
+
+EMA_EXPORT ema_status_t ema_win_flush_all(ema_win_h win)
+{
+    ema_status_t status = ema__check_ready();
+    if (status != EMA_SUCCESS) {
+        return status;
+    }
+    status = ema__win_check(win);
+    if (status != EMA_SUCCESS) {
+        return status;
+    }
+    return ema__xport_flush(win->ctx->xp);
+}
+
+static ema_status_t ema_atomic(ema_win_h win, int rank, size_t offset, ucp_atomic_op_t op,
+                               uint64_t value, uint64_t *reply)
+{
+    ema_status_t status = ema_rma_check(win, rank, offset, reply, sizeof(uint64_t));
+    if (status != EMA_SUCCESS) {
+        return status;
+    }
+    if (offset % sizeof(uint64_t)) {
+        return EMA_ERR_ALIGNMENT;
+    }
+    int trank;
+    uint64_t raddr;
+    ema_rma_run(win, &win->parts[rank], offset, sizeof(uint64_t), &trank, &raddr);
+
+    ucp_request_param_t param;
+    param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_DATATYPE |
+                         UCP_OP_ATTR_FIELD_REPLY_BUFFER;
+    param.cb.send      = ema_rma_noop_cb;
+    param.datatype     = ucp_dt_make_contig(sizeof(uint64_t));
+    param.reply_buffer = reply;
+    ucs_status_ptr_t sp = ucp_atomic_op_nbx(win->ctx->xp->eps[trank], op, &value, 1, raddr,
+                                            win->ctx->arena_mr.rkeys[trank], &param);
+    return ema__xport_wait(win->ctx->xp, sp, "ucp_atomic_op_nbx");
+}
+
+EMA_EXPORT ema_status_t ema_fetch_add(ema_win_h win, int rank, size_t offset, uint64_t value,
+                                      uint64_t *old_p)
+{
+    uint64_t old = 0;
+    ema_status_t status = ema_atomic(win, rank, offset, UCP_ATOMIC_OP_ADD, value, &old);
+    if (status == EMA_SUCCESS && old_p != NULL) {
+        *old_p = old;
+    }
+    return status;
+}
+
+EMA_EXPORT ema_status_t ema_compare_swap(ema_win_h win, int rank, size_t offset,
+                                         uint64_t compare, uint64_t value, uint64_t *old_p)
+{
+    uint64_t old = compare; /* UCX: the reply buffer holds the compare value on input */
+    ema_status_t status = ema_atomic(win, rank, offset, UCP_ATOMIC_OP_CSWAP, value, &old);
+    if (status == EMA_SUCCESS && old_p != NULL) {
+        *old_p = old;
+    }
+    return status;
+}

@@ -1,0 +1,162 @@
+/*
+ * Barrier and allgather over active messages, for collectives after init
+ * (window allocation, barriers).  PMIx fences cost milliseconds; these cost a
+ * few round trips over shared memory.
+ *
+ * Sequence: each rank numbers its collectives 1, 2, 3...  For collective k,
+ * rank r sends {k, blob} to every peer and waits for size-1 blobs tagged k.
+ * A peer can be at most one collective ahead (it cannot finish k+1 before
+ * this rank has sent its blob for k+1), so two slots, k%2, hold everything
+ * that can arrive.
+ */
+#include "xport.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    uint64_t seq;
+} ema_coll_hdr_t;
+
+void ema__xport_coll_am(void *arg, int src, const void *data, size_t len)
+{
+    ema__xport_t *xp = arg;
+    ema_coll_hdr_t hdr;
+
+    if (len < sizeof(hdr) || src < 0 || src >= xp->size) {
+        ema_error("malformed collective message from rank %d (%zu bytes)", src, len);
+        return;
+    }
+    memcpy(&hdr, data, sizeof(hdr));
+    size_t plen = len - sizeof(hdr);
+    void *copy  = malloc(plen ? plen : 1);
+    if (copy == NULL) {
+        ema_error("out of memory receiving a collective message");
+        return;
+    }
+    memcpy(copy, (const char *)data + sizeof(hdr), plen);
+
+    pthread_mutex_lock(&xp->coll_lock);
+    ema__coll_slot_t *slot = &xp->coll_slot[hdr.seq & 1];
+    if (slot->seq != hdr.seq) {
+        /* first message of a new collective in this slot; the previous one
+         * using it has completed */
+        slot->seq   = hdr.seq;
+        slot->count = 0;
+    }
+    free(slot->blobs[src]);
+    slot->blobs[src] = copy;
+    slot->lens[src]  = plen;
+    slot->count++;
+    pthread_mutex_unlock(&xp->coll_lock);
+}
+
+void ema__xport_coll_init(ema__xport_t *xp)
+{
+    pthread_mutex_init(&xp->coll_lock, NULL);
+    xp->coll_seq = 0;
+    for (int i = 0; i < 2; i++) {
+        xp->coll_slot[i].seq   = 0;
+        xp->coll_slot[i].count = 0;
+        xp->coll_slot[i].blobs = calloc((size_t)xp->size, sizeof(void *));
+        xp->coll_slot[i].lens  = calloc((size_t)xp->size, sizeof(size_t));
+    }
+}
+
+void ema__xport_coll_cleanup(ema__xport_t *xp)
+{
+    for (int i = 0; i < 2; i++) {
+        for (int r = 0; xp->coll_slot[i].blobs && r < xp->size; r++) {
+            free(xp->coll_slot[i].blobs[r]);
+        }
+        free(xp->coll_slot[i].blobs);
+        free(xp->coll_slot[i].lens);
+        xp->coll_slot[i].blobs = NULL;
+        xp->coll_slot[i].lens  = NULL;
+    }
+    pthread_mutex_destroy(&xp->coll_lock);
+}
+
+ema_status_t ema__xport_allgather(ema__xport_t *xp, const void *blob, size_t len,
+                                  void ***blobs_p, size_t **lens_p)
+{
+    void **blobs  = calloc((size_t)xp->size, sizeof(void *));
+    size_t *lens  = calloc((size_t)xp->size, sizeof(size_t));
+    char *msg     = malloc(sizeof(ema_coll_hdr_t) + len);
+    ema_status_t status = EMA_SUCCESS;
+    ema_coll_hdr_t hdr;
+
+    if (blobs == NULL || lens == NULL || msg == NULL) {
+        status = EMA_ERR_NO_MEMORY;
+        goto err;
+    }
+    if (xp->coll_slot[0].blobs == NULL || xp->coll_slot[1].blobs == NULL) {
+        status = EMA_ERR_NO_MEMORY;
+        goto err;
+    }
+    hdr.seq = ++xp->coll_seq;
+    memcpy(msg, &hdr, sizeof(hdr));
+    if (len) {
+        memcpy(msg + sizeof(hdr), blob, len);
+    }
+    for (int i = 1; i < xp->size; i++) {
+        int peer = (xp->rank + i) % xp->size;
+        status   = ema__xport_am_send(xp, peer, EMA_AM_COLL, msg, sizeof(hdr) + len);
+        if (status != EMA_SUCCESS) {
+            goto err;
+        }
+    }
+
+    ema__coll_slot_t *slot = &xp->coll_slot[hdr.seq & 1];
+    for (;;) {
+        pthread_mutex_lock(&xp->coll_lock);
+        int done = (slot->seq == hdr.seq && slot->count == xp->size - 1);
+        if (done) {
+            for (int r = 0; r < xp->size; r++) {
+                blobs[r]        = slot->blobs[r];
+                lens[r]         = slot->lens[r];
+                slot->blobs[r]  = NULL;
+            }
+            slot->count = 0;
+        }
+        pthread_mutex_unlock(&xp->coll_lock);
+        if (done || xp->size == 1) {
+            break;
+        }
+        if (ema__xport_progress(xp) == 0) {
+            ema__xport_idle(xp);
+        }
+    }
+    blobs[xp->rank] = msg; /* the payload follows the header */
+    memmove(msg, msg + sizeof(hdr), len);
+    lens[xp->rank] = len;
+    *blobs_p = blobs;
+    *lens_p  = lens;
+    return EMA_SUCCESS;
+
+err:
+    free(msg);
+    free(blobs);
+    free(lens);
+    return status;
+}
+
+void ema__xport_free_blobs(ema__xport_t *xp, void **blobs, size_t *lens)
+{
+    for (int r = 0; blobs && r < xp->size; r++) {
+        free(blobs[r]);
+    }
+    free(blobs);
+    free(lens);
+}
+
+ema_status_t ema__xport_barrier(ema__xport_t *xp)
+{
+    void **blobs;
+    size_t *lens;
+    ema_status_t status = ema__xport_allgather(xp, NULL, 0, &blobs, &lens);
+    if (status == EMA_SUCCESS) {
+        ema__xport_free_blobs(xp, blobs, lens);
+    }
+    return status;
+}

@@ -1,0 +1,451 @@
+#define _GNU_SOURCE
+#include "xport.h"
+
+#include "util/config.h"
+
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define EMA_XPORT_CFG(_f) offsetof(ema__xport_config_t, _f)
+
+const ema_config_field_t ema__xport_config_table[] = {
+    {"UCX_WAKEUP", "y",
+     "let idle progress threads sleep on UCX's event fd instead of spinning",
+     EMA_XPORT_CFG(wakeup), &ema__config_bool},
+    EMA_CONFIG_TABLE_END};
+
+ema_status_t ema__xport_status(ucs_status_t status)
+{
+    switch (status) {
+    case UCS_OK:                   return EMA_SUCCESS;
+    case UCS_INPROGRESS:           return EMA_INPROGRESS;
+    case UCS_ERR_NO_MEMORY:        return EMA_ERR_NO_MEMORY;
+    case UCS_ERR_INVALID_PARAM:    return EMA_ERR_INVALID_PARAM;
+    case UCS_ERR_UNSUPPORTED:      return EMA_ERR_UNSUPPORTED;
+    case UCS_ERR_TIMED_OUT:        return EMA_ERR_TIMEOUT;
+    case UCS_ERR_UNREACHABLE:
+    case UCS_ERR_CONNECTION_RESET:
+    case UCS_ERR_ENDPOINT_TIMEOUT: return EMA_ERR_PEER_LOST;
+    default:                       return EMA_ERR_TRANSPORT;
+    }
+}
+
+void ema__xport_idle(ema__xport_t *xp)
+{
+    sched_yield();
+}
+
+/* Every AM carries the sender's rank as its UCP header.  The handler's arg is
+ * the address of this id's cell in ema_xport_am_self, which gives both the id
+ * and the xport. */
+static ema__xport_t *ema_xport_am_self[EMA_AM_MAX];
+
+static ucs_status_t ema_xport_am_cb(void *arg, const void *header, size_t header_length,
+                                    void *data, size_t length, const ucp_am_recv_param_t *param)
+{
+    ema__xport_t **cell = arg;
+    ema__xport_t *xp    = *cell;
+    unsigned id         = (unsigned)(cell - ema_xport_am_self);
+    int32_t src;
+
+    if (header_length != sizeof(src) || (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)) {
+        /* Control traffic is always sent eager; anything else is a bug. */
+        ema_error("unexpected active message (header %zu bytes, flags 0x%lx) on id %u",
+                  header_length, (unsigned long)param->recv_attr, id);
+        return UCS_OK;
+    }
+    memcpy(&src, header, sizeof(src));
+    if (xp != NULL && xp->am[id].cb != NULL) {
+        xp->am[id].cb(xp->am[id].arg, src, data, length);
+    }
+    return UCS_OK;
+}
+
+void ema__xport_set_am_handler(ema__xport_t *xp, unsigned id, ema__am_handler_cb cb, void *arg)
+{
+    ucp_am_handler_param_t p;
+
+    xp->am[id].cb  = cb;
+    xp->am[id].arg = arg;
+    ema_xport_am_self[id] = xp;
+
+    memset(&p, 0, sizeof(p));
+    p.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
+                   UCP_AM_HANDLER_PARAM_FIELD_ARG | UCP_AM_HANDLER_PARAM_FIELD_FLAGS;
+    p.id    = id;
+    p.cb    = ema_xport_am_cb;
+    p.arg   = &ema_xport_am_self[id];
+    p.flags = UCP_AM_FLAG_WHOLE_MSG;
+    ucp_worker_set_am_recv_handler(xp->worker, &p);
+}
+
+static void ema_xport_send_cb(void *request, ucs_status_t status, void *user_data)
+{
+}
+
+ema_status_t ema__xport_wait(ema__xport_t *xp, ucs_status_ptr_t sp, const char *what)
+{
+    ucs_status_t status;
+
+    if (sp == NULL) {
+        return EMA_SUCCESS;
+    }
+    if (UCS_PTR_IS_ERR(sp)) {
+        status = UCS_PTR_STATUS(sp);
+        ema_error("%s failed: %s", what, ucs_status_string(status));
+        return ema__xport_status(status);
+    }
+    while ((status = ucp_request_check_status(sp)) == UCS_INPROGRESS) {
+        if (ucp_worker_progress(xp->worker) == 0) {
+            ema__xport_idle(xp);
+        }
+    }
+    ucp_request_free(sp);
+    if (status != UCS_OK) {
+        ema_error("%s failed: %s", what, ucs_status_string(status));
+        return ema__xport_status(status);
+    }
+    return EMA_SUCCESS;
+}
+
+ema_status_t ema__xport_am_send(ema__xport_t *xp, int peer, unsigned id, const void *data,
+                                size_t len)
+{
+    int32_t src = xp->rank;
+    ucp_request_param_t param;
+
+    param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_CALLBACK;
+    param.flags        = UCP_AM_SEND_FLAG_EAGER; /* header on our stack: we wait */
+    param.cb.send      = ema_xport_send_cb;
+    ucs_status_ptr_t sp = ucp_am_send_nbx(xp->eps[peer], id, &src, sizeof(src), data, len,
+                                          &param);
+    return ema__xport_wait(xp, sp, "ucp_am_send_nbx");
+}
+
+static void ema_xport_describe(ema__xport_t *xp)
+{
+    /* Record the transports of an endpoint to a peer (or to self), as UCX
+     * prints them, e.g. "posix/memory cma/memory". */
+    char *buf = NULL;
+    size_t blen = 0;
+    int peer = (xp->size > 1) ? (xp->rank + 1) % xp->size : 0;
+    FILE *f = open_memstream(&buf, &blen);
+
+    xp->transports[0] = '\0';
+    if (f == NULL) {
+        return;
+    }
+    ucp_ep_print_info(xp->eps[peer], f);
+    fclose(f);
+    size_t n = 0;
+    for (char *line = strtok(buf, "\n"); line != NULL; line = strtok(NULL, "\n")) {
+        char *lane = strstr(line, "lane[");
+        if (lane == NULL) {
+            continue;
+        }
+        /* the transport is the first token of the form tl/dev after ':' */
+        char *colon = strchr(lane, ':');
+        if (colon == NULL) {
+            continue;
+        }
+        char tl[64];
+        for (char *tok = colon + 1; *tok; tok++) {
+            if (*tok == '/' && tok > colon + 1) {
+                char *s = tok, *e = tok;
+                while (s > colon + 1 && s[-1] != ' ' && s[-1] != '(' && s[-1] != ':') s--;
+                while (*e && *e != ' ' && *e != ')' && *e != '.') e++;
+                snprintf(tl, sizeof(tl), "%.*s", (int)(e - s), s);
+                if (strstr(xp->transports, tl) == NULL &&
+                    n + strlen(tl) + 2 < sizeof(xp->transports)) {
+                    n += snprintf(xp->transports + n, sizeof(xp->transports) - n, "%s%s",
+                                  n ? " " : "", tl);
+                }
+                break;
+            }
+        }
+    }
+    free(buf);
+}
+
+ema_status_t ema__xport_create(ema__xport_t *xp, int rank, int size)
+{
+    ucp_params_t params;
+    ucp_worker_params_t wparams;
+    ucp_worker_attr_t wattr;
+    ucp_config_t *config;
+    ucs_status_t status;
+    ema_status_t est;
+
+    xp->rank = rank;
+    xp->size = size;
+    xp->efd  = -1;
+    ema__xport_coll_init(xp);
+    pthread_mutex_init(&xp->defer_lock, NULL);
+    xp->defer_head = NULL;
+    xp->defer_tail = &xp->defer_head;
+    atomic_init(&xp->defer_count, 0);
+
+    status = ucp_config_read(NULL, NULL, &config);
+    if (status != UCS_OK) {
+        ema_error("ucp_config_read failed: %s", ucs_status_string(status));
+        return EMA_ERR_TRANSPORT;
+    }
+    memset(&params, 0, sizeof(params));
+    params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED |
+                        UCP_PARAM_FIELD_ESTIMATED_NUM_EPS | UCP_PARAM_FIELD_REQUEST_SIZE;
+    params.request_size = xp->request_size;
+    params.features   = UCP_FEATURE_RMA | UCP_FEATURE_AMO64 | UCP_FEATURE_AM;
+    if (xp->cfg.wakeup) {
+        params.features |= UCP_FEATURE_WAKEUP;
+    }
+    params.mt_workers_shared = 1;
+    params.estimated_num_eps = (size_t)size;
+    status = ucp_init(&params, config, &xp->context);
+    ucp_config_release(config);
+    if (status != UCS_OK) {
+        ema_error("ucp_init failed: %s", ucs_status_string(status));
+        return EMA_ERR_TRANSPORT;
+    }
+
+    memset(&wparams, 0, sizeof(wparams));
+    wparams.field_mask  = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+    wparams.thread_mode = UCS_THREAD_MODE_MULTI;
+    status = ucp_worker_create(xp->context, &wparams, &xp->worker);
+    if (status != UCS_OK) {
+        ema_error("ucp_worker_create failed: %s", ucs_status_string(status));
+        est = EMA_ERR_TRANSPORT;
+        goto err_cleanup;
+    }
+    wattr.field_mask = UCP_WORKER_ATTR_FIELD_THREAD_MODE;
+    if (ucp_worker_query(xp->worker, &wattr) == UCS_OK &&
+        wattr.thread_mode != UCS_THREAD_MODE_MULTI) {
+        ema_error("this UCX has no multi-thread support (built without --enable-mt)");
+        est = EMA_ERR_UNSUPPORTED;
+        goto err_worker;
+    }
+    status = ucp_worker_get_address(xp->worker, &xp->address, &xp->address_len);
+    if (status != UCS_OK) {
+        ema_error("ucp_worker_get_address failed: %s", ucs_status_string(status));
+        est = EMA_ERR_TRANSPORT;
+        goto err_worker;
+    }
+    if (xp->cfg.wakeup) {
+        status = ucp_worker_get_efd(xp->worker, &xp->efd);
+        if (status != UCS_OK) {
+            ema_warn("ucp_worker_get_efd failed: %s; the progress thread will poll",
+                     ucs_status_string(status));
+            xp->efd = -1;
+        }
+    }
+    xp->eps = calloc((size_t)size, sizeof(*xp->eps));
+    if (xp->eps == NULL) {
+        est = EMA_ERR_NO_MEMORY;
+        goto err_address;
+    }
+    ema__xport_set_am_handler(xp, EMA_AM_COLL, ema__xport_coll_am, xp);
+    return EMA_SUCCESS;
+
+err_address:
+    ucp_worker_release_address(xp->worker, xp->address);
+err_worker:
+    ucp_worker_destroy(xp->worker);
+err_cleanup:
+    ucp_cleanup(xp->context);
+    xp->context = NULL;
+    return est;
+}
+
+ema_status_t ema__xport_connect(ema__xport_t *xp, void *const *addrs)
+{
+    ucp_ep_params_t ep_params;
+    ucs_status_t status;
+
+    for (int r = 0; r < xp->size; r++) {
+        memset(&ep_params, 0, sizeof(ep_params));
+        ep_params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS;
+        ep_params.address    = (const ucp_address_t *)addrs[r];
+        status = ucp_ep_create(xp->worker, &ep_params, &xp->eps[r]);
+        if (status != UCS_OK) {
+            ema_error("ucp_ep_create to rank %d failed: %s", r, ucs_status_string(status));
+            return EMA_ERR_TRANSPORT;
+        }
+    }
+    ema_xport_describe(xp);
+    ema_debug("ucx transports to peers: %s", xp->transports);
+    return EMA_SUCCESS;
+}
+
+void ema__xport_destroy(ema__xport_t *xp)
+{
+    ucp_request_param_t param;
+
+    if (xp->context == NULL) {
+        return;
+    }
+    for (int r = 0; xp->eps != NULL && r < xp->size; r++) {
+        if (xp->eps[r] == NULL) {
+            continue;
+        }
+        param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+        param.flags        = UCP_EP_CLOSE_FLAG_FORCE;
+        ucs_status_ptr_t sp = ucp_ep_close_nbx(xp->eps[r], &param);
+        if (sp != NULL && !UCS_PTR_IS_ERR(sp)) {
+            while (ucp_request_check_status(sp) == UCS_INPROGRESS) {
+                ucp_worker_progress(xp->worker);
+            }
+            ucp_request_free(sp);
+        }
+    }
+    free(xp->eps);
+    xp->eps = NULL;
+    for (unsigned id = 0; id < EMA_AM_MAX; id++) {
+        if (ema_xport_am_self[id] == xp) {
+            ema_xport_am_self[id] = NULL;
+        }
+    }
+    ucp_worker_release_address(xp->worker, xp->address);
+    ucp_worker_destroy(xp->worker);
+    ucp_cleanup(xp->context);
+    xp->context = NULL;
+    ema__xport_coll_cleanup(xp);
+    while (xp->defer_head != NULL) {
+        ema__defer_t *d = xp->defer_head;
+        xp->defer_head  = d->next;
+        free(d);
+    }
+    pthread_mutex_destroy(&xp->defer_lock);
+}
+
+ema_status_t ema__xport_mr_register(ema__xport_t *xp, void *addr, size_t len,
+                                    ema__xport_mr_t *mr)
+{
+    ucp_mem_map_params_t mp;
+    ucs_status_t status;
+
+    memset(mr, 0, sizeof(*mr));
+    mr->rkeys = calloc((size_t)xp->size, sizeof(*mr->rkeys));
+    mr->bases = calloc((size_t)xp->size, sizeof(*mr->bases));
+    if (mr->rkeys == NULL || mr->bases == NULL) {
+        free(mr->rkeys);
+        free(mr->bases);
+        return EMA_ERR_NO_MEMORY;
+    }
+    memset(&mp, 0, sizeof(mp));
+    mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
+    mp.address    = addr;
+    mp.length     = len;
+    status = ucp_mem_map(xp->context, &mp, &mr->memh);
+    if (status != UCS_OK) {
+        ema_error("ucp_mem_map(%p, %zu) failed: %s", addr, len, ucs_status_string(status));
+        goto err_free;
+    }
+    status = ucp_rkey_pack(xp->context, mr->memh, &mr->rkey_buf, &mr->rkey_len);
+    if (status != UCS_OK) {
+        ema_error("ucp_rkey_pack failed: %s", ucs_status_string(status));
+        goto err_unmap;
+    }
+    return EMA_SUCCESS;
+
+err_unmap:
+    ucp_mem_unmap(xp->context, mr->memh);
+err_free:
+    free(mr->rkeys);
+    free(mr->bases);
+    memset(mr, 0, sizeof(*mr));
+    return ema__xport_status(status);
+}
+
+ema_status_t ema__xport_mr_add_peer(ema__xport_t *xp, ema__xport_mr_t *mr, int peer,
+                                    uint64_t base, const void *rkey_buf)
+{
+    ucs_status_t status = ucp_ep_rkey_unpack(xp->eps[peer], rkey_buf, &mr->rkeys[peer]);
+    if (status != UCS_OK) {
+        ema_error("ucp_ep_rkey_unpack from rank %d failed: %s", peer,
+                  ucs_status_string(status));
+        return ema__xport_status(status);
+    }
+    mr->bases[peer] = base;
+    return EMA_SUCCESS;
+}
+
+void ema__xport_mr_deregister(ema__xport_t *xp, ema__xport_mr_t *mr)
+{
+    if (mr->memh == NULL) {
+        return;
+    }
+    for (int r = 0; r < xp->size; r++) {
+        if (mr->rkeys[r] != NULL) {
+            ucp_rkey_destroy(mr->rkeys[r]);
+        }
+    }
+    ucp_rkey_buffer_release(mr->rkey_buf);
+    ucp_mem_unmap(xp->context, mr->memh);
+    free(mr->rkeys);
+    free(mr->bases);
+    memset(mr, 0, sizeof(*mr));
+}
+
+ema_status_t ema__xport_flush_ep(ema__xport_t *xp, int peer)
+{
+    ucp_request_param_t param;
+    param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK;
+    param.cb.send      = ema_xport_send_cb;
+    return ema__xport_wait(xp, ucp_ep_flush_nbx(xp->eps[peer], &param), "ucp_ep_flush_nbx");
+}
+
+ema_status_t ema__xport_flush(ema__xport_t *xp)
+{
+    ucp_request_param_t param;
+    param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK;
+    param.cb.send      = ema_xport_send_cb;
+    return ema__xport_wait(xp, ucp_worker_flush_nbx(xp->worker, &param),
+                           "ucp_worker_flush_nbx");
+}
+
+void ema__xport_defer(ema__xport_t *xp, ema__defer_cb cb, void *arg)
+{
+    ema__defer_t *d = malloc(sizeof(*d));
+    if (d == NULL) {
+        ema_error("out of memory queueing deferred work; running it in place");
+        cb(arg);
+        return;
+    }
+    d->cb   = cb;
+    d->arg  = arg;
+    d->next = NULL;
+    pthread_mutex_lock(&xp->defer_lock);
+    *xp->defer_tail = d;
+    xp->defer_tail  = &d->next;
+    pthread_mutex_unlock(&xp->defer_lock);
+    atomic_fetch_add(&xp->defer_count, 1);
+    if (xp->efd >= 0) {
+        ucp_worker_signal(xp->worker); /* wake a sleeping progress thread */
+    }
+}
+
+int ema__xport_run_deferred(ema__xport_t *xp)
+{
+    int n = 0;
+
+    while (atomic_load_explicit(&xp->defer_count, memory_order_acquire) > 0) {
+        pthread_mutex_lock(&xp->defer_lock);
+        ema__defer_t *d = xp->defer_head;
+        if (d != NULL) {
+            xp->defer_head = d->next;
+            if (xp->defer_head == NULL) {
+                xp->defer_tail = &xp->defer_head;
+            }
+        }
+        pthread_mutex_unlock(&xp->defer_lock);
+        if (d == NULL) {
+            break;
+        }
+        atomic_fetch_sub(&xp->defer_count, 1);
+        d->cb(d->arg);
+        free(d);
+        n++;
+    }
+    return n;
+}

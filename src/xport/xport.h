@@ -1,0 +1,150 @@
+/*
+ * The UCX transport: one context and one worker per rank, an endpoint to
+ * every peer, registered memory with each peer's rkey, RMA and atomics,
+ * active messages for control traffic, and small collectives built on them.
+ *
+ * The worker is created UCS_THREAD_MODE_MULTI: the application's threads and
+ * the progress thread share it.  UCX serialises access internally; EMA adds no
+ * lock of its own on the put/get path.
+ */
+#ifndef EMA_XPORT_H_
+#define EMA_XPORT_H_
+
+#include <ema.h>
+
+#include "util/config.h"
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <ucp/api/ucp.h>
+
+#include "util/log.h"
+
+/* Active-message ids.  Each layer that sends control traffic owns one. */
+enum {
+    EMA_AM_COLL   = 1, /* barrier / allgather (xport/coll.c) */
+    EMA_AM_WIN    = 2, /* window control (win) */
+    EMA_AM_POOL   = 3, /* lending protocol (pool) */
+    EMA_AM_MAX    = 8
+};
+
+/* Handler of an active message.  Runs in whichever thread progresses the
+ * worker; @data is valid only during the call.  Must not block on progress. */
+typedef void (*ema__am_handler_cb)(void *arg, int src, const void *data, size_t len);
+
+/* Deferred work: run by the progress engine outside ucp_worker_progress(),
+ * where blocking on the network is allowed. */
+typedef void (*ema__defer_cb)(void *arg);
+
+typedef struct ema__xport_config {
+    int      wakeup;        /* use UCX wakeup (event fd) so idle threads sleep */
+} ema__xport_config_t;
+
+typedef struct ema__coll_slot {
+    uint64_t  seq;
+    int       count;
+    void    **blobs;
+    size_t   *lens;
+} ema__coll_slot_t;
+
+typedef struct ema__defer {
+    ema__defer_cb      cb;
+    void              *arg;
+    struct ema__defer *next;
+} ema__defer_t;
+
+typedef struct ema__xport {
+    int                 rank;
+    int                 size;
+    ucp_context_h       context;
+    ucp_worker_h        worker;
+    ucp_address_t      *address;
+    size_t              address_len;
+    ucp_ep_h           *eps;
+    int                 efd;
+    ema__xport_config_t cfg;
+    size_t              request_size; /* user space in each UCX request */
+
+    struct {
+        ema__am_handler_cb cb;
+        void              *arg;
+    } am[EMA_AM_MAX];
+
+    /* collectives: a rank can be at most one collective ahead of another */
+    pthread_mutex_t  coll_lock;
+    uint64_t         coll_seq;
+    ema__coll_slot_t coll_slot[2];
+
+    /* deferred work queue (FIFO) */
+    pthread_mutex_t  defer_lock;
+    ema__defer_t    *defer_head;
+    ema__defer_t   **defer_tail;
+    atomic_int       defer_count;
+
+    char             transports[256]; /* as UCX reports them, for ema_info */
+} ema__xport_t;
+
+/* A registered memory range: the local memh and packed rkey, and for each
+ * peer the unpacked rkey and base address of that peer's matching range. */
+typedef struct ema__xport_mr {
+    ucp_mem_h    memh;
+    void        *rkey_buf;
+    size_t       rkey_len;
+    ucp_rkey_h  *rkeys;  /* [size] */
+    uint64_t    *bases;  /* [size] */
+} ema__xport_mr_t;
+
+extern const ema_config_field_t ema__xport_config_table[];
+
+ema_status_t ema__xport_create(ema__xport_t *xp, int rank, int size);
+/* Connect to every peer given their worker addresses (from the modex). */
+ema_status_t ema__xport_connect(ema__xport_t *xp, void *const *addrs);
+void         ema__xport_destroy(ema__xport_t *xp);
+
+void ema__xport_set_am_handler(ema__xport_t *xp, unsigned id, ema__am_handler_cb cb,
+                               void *arg);
+/* Send an active message and wait for its local completion.  Must not be
+ * called from an AM handler. */
+ema_status_t ema__xport_am_send(ema__xport_t *xp, int peer, unsigned id, const void *data,
+                                size_t len);
+
+ema_status_t ema__xport_mr_register(ema__xport_t *xp, void *addr, size_t len,
+                                    ema__xport_mr_t *mr);
+ema_status_t ema__xport_mr_add_peer(ema__xport_t *xp, ema__xport_mr_t *mr, int peer,
+                                    uint64_t base, const void *rkey_buf);
+void         ema__xport_mr_deregister(ema__xport_t *xp, ema__xport_mr_t *mr);
+
+/* Progress the worker once; returns the number of events progressed. */
+static inline unsigned ema__xport_progress(ema__xport_t *xp)
+{
+    return ucp_worker_progress(xp->worker);
+}
+
+/* Run queued deferred work; returns how many items ran. */
+int  ema__xport_run_deferred(ema__xport_t *xp);
+void ema__xport_defer(ema__xport_t *xp, ema__defer_cb cb, void *arg);
+
+/* Wait for a UCX request to complete (progressing), free it, map the status. */
+ema_status_t ema__xport_wait(ema__xport_t *xp, ucs_status_ptr_t sp, const char *what);
+ema_status_t ema__xport_status(ucs_status_t status);
+
+ema_status_t ema__xport_flush_ep(ema__xport_t *xp, int peer);
+ema_status_t ema__xport_flush(ema__xport_t *xp);
+
+/* Collectives over active messages (xport/coll.c). */
+ema_status_t ema__xport_barrier(ema__xport_t *xp);
+/* Every rank contributes one blob; *blobs_p and *lens_p are arrays of size
+ * (free with ema__xport_free_blobs). */
+ema_status_t ema__xport_allgather(ema__xport_t *xp, const void *blob, size_t len,
+                                  void ***blobs_p, size_t **lens_p);
+void         ema__xport_free_blobs(ema__xport_t *xp, void **blobs, size_t *lens);
+void         ema__xport_coll_init(ema__xport_t *xp);
+void         ema__xport_coll_am(void *arg, int src, const void *data, size_t len);
+void         ema__xport_coll_cleanup(ema__xport_t *xp);
+
+/* Yield the CPU inside a wait loop when nothing progressed: ranks are often
+ * oversubscribed on few cores. */
+void ema__xport_idle(ema__xport_t *xp);
+
+#endif

@@ -90,14 +90,19 @@ static void ema_host_unreserve(ema__mem_arena_t *arena, void *addr, size_t len)
     munmap(addr, len);
 }
 
+static int64_t ema_host_seg_handle(ema__mem_arena_t *arena, uint32_t seg)
+{
+    return arena->fd; /* one memfd holds every segment, at seg * seg_size */
+}
+
 static ema_status_t ema_host_map(ema__mem_arena_t *arena, const ema__mem_export_t *exp,
-                                 uint32_t seg, void *addr)
+                                 uint32_t seg, int64_t handle, void *addr)
 {
     int fd = arena->fd, own = (exp->pid == (int32_t)getpid());
 
     if (!own) {
         char path[64];
-        snprintf(path, sizeof(path), "/proc/%d/fd/%d", (int)exp->pid, (int)exp->fd);
+        snprintf(path, sizeof(path), "/proc/%d/fd/%d", (int)exp->pid, (int)handle);
         fd = open(path, O_RDWR | O_CLOEXEC);
         if (fd < 0) {
             ema_error("open(%s) to map a peer's segment failed: %m", path);
@@ -149,6 +154,7 @@ const ema__mem_ops_t ema__mem_host_ops = {
     .prefault             = ema_host_prefault,
     .reserve              = ema_host_reserve,
     .unreserve            = ema_host_unreserve,
+    .seg_handle           = ema_host_seg_handle,
     .map                  = ema_host_map,
     .unmap                = ema_host_unmap,
     .copy                 = ema_host_copy,

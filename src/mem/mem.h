@@ -44,10 +44,15 @@ typedef struct ema__mem_ops {
     /* Reserve / release address space for a window part. */
     ema_status_t (*reserve)(ema__mem_arena_t *arena, size_t len, void **addr_p);
     void         (*unreserve)(ema__mem_arena_t *arena, void *addr, size_t len);
-    /* Map segment @seg of the arena described by @exp (ours or a peer's) at @addr,
-     * which lies inside a reserved range. */
+    /* The handle a peer needs to map segment @seg of this arena: host, the
+     * arena memfd's number; cuda, that segment's exported POSIX fd number.
+     * It travels in the lend reply; the peer gets the file with pidfd_getfd
+     * (or /proc/<pid>/fd/<n>). */
+    int64_t      (*seg_handle)(ema__mem_arena_t *arena, uint32_t seg);
+    /* Map segment @seg, whose handle is @handle, of the arena described by
+     * @exp (ours or a peer's) at @addr, which lies inside a reserved range. */
     ema_status_t (*map)(ema__mem_arena_t *arena, const ema__mem_export_t *exp,
-                        uint32_t seg, void *addr);
+                        uint32_t seg, int64_t handle, void *addr);
     /* Unmap whatever is mapped at [addr, addr+len), keeping the reservation. */
     ema_status_t (*unmap)(ema__mem_arena_t *arena, void *addr, size_t len);
     /* Copy between any two addresses of this kind. */

@@ -171,6 +171,7 @@ ema_status_t ema__win_allocate(ema__win_ctx_t *ctx, size_t size, const ema_win_p
     }
     for (mapped = 0; mapped < nsegs; mapped++) {
         local = arena->ops->map(arena, &ctx->exports[ctx->rank], segs[mapped],
+                                arena->ops->seg_handle(arena, segs[mapped]),
                                 (char *)win->base + (size_t)mapped * seg);
         if (local != EMA_SUCCESS) {
             goto exchange;

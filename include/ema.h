@@ -249,6 +249,103 @@ EMA_EXPORT ema_status_t ema_compare_swap(ema_win_h win, int rank, size_t offset,
                                          uint64_t compare, uint64_t value,
                                          uint64_t *old_p);
 
+/* ------------------------------------------------------------------------- */
+/* Elastic windows: grow, shrink, reclaim                                     */
+/* ------------------------------------------------------------------------- */
+
+/** A timeout that never expires. */
+#define EMA_TIMEOUT_INFINITE UINT64_MAX
+
+/**
+ * Grow this rank's part of @a win to @a new_size bytes (not collective).
+ * Takes free local memory first, then memory this rank has lent out (an
+ * implicit reclaim), then borrows segments from peers in lender order, then
+ * spills to host memory (EMA_SPILL=host).  The base pointer does not move;
+ * new bytes are mapped after the old ones.  @a new_size must not exceed the
+ * window's max_size.  EMA_ERR_NO_MEMORY, with the part unchanged, when
+ * nothing can supply the memory.  Cost: one round trip per lender asked,
+ * plus a map per segment.
+ */
+EMA_EXPORT ema_status_t ema_win_grow(ema_win_h win, size_t new_size);
+
+/**
+ * Shrink this rank's part of @a win to @a new_size bytes (not collective).
+ * Spilled segments are given back first, then borrowed ones, then local
+ * ones; the data of the first @a new_size bytes is kept (it moves to the
+ * freed local memory where needed).  Waits until every rank has stopped
+ * using the released memory.
+ */
+EMA_EXPORT ema_status_t ema_win_shrink(ema_win_h win, size_t new_size);
+
+/**
+ * Take back memory this rank lent to peers, until at least @a bytes of its
+ * capacity are free, and withhold them from lending until
+ * ema_reclaim_release().  The borrowers move their data elsewhere (their
+ * own free memory, another lender, or the spill tier); no byte is lost.
+ * Waits at most @a timeout_ms milliseconds (EMA_TIMEOUT_INFINITE: no limit);
+ * on EMA_ERR_TIMEOUT what was reclaimed stays reclaimed and withheld, and
+ * the rest is still lent.  Segments a borrower holds with ema_win_acquire()
+ * are not moved until released.
+ */
+EMA_EXPORT ema_status_t ema_reclaim(size_t bytes, uint64_t timeout_ms);
+
+/** Let @a bytes withheld by ema_reclaim() be lent again. */
+EMA_EXPORT ema_status_t ema_reclaim_release(size_t bytes);
+
+/**
+ * Called on the owner, from the progress thread, before [offset, offset+len)
+ * of its part moves to other memory (reclaim, shrink).  Plain loads and
+ * stores to the range must stop until the call returns; put/get through EMA
+ * need no care.
+ */
+typedef void (*ema_reclaim_cb)(ema_win_h win, size_t offset, size_t len, void *arg);
+
+/** Register (or, with cb NULL, remove) the reclaim callback of @a win. */
+EMA_EXPORT ema_status_t ema_win_set_reclaim_cb(ema_win_h win, ema_reclaim_cb cb, void *arg);
+
+/**
+ * Mark [offset, offset+len) of this rank's own part as in use: until
+ * ema_win_release() its segments are not moved.  A reclaim that needs them
+ * waits; if its timeout expires first the lender gets EMA_ERR_TIMEOUT and
+ * the segments move once released.  Acquires nest (counted per segment).
+ */
+EMA_EXPORT ema_status_t ema_win_acquire(ema_win_h win, size_t offset, size_t len);
+
+/** Release a range marked with ema_win_acquire(). */
+EMA_EXPORT ema_status_t ema_win_release(ema_win_h win, size_t offset, size_t len);
+
+/** Where the bytes of one window part live. */
+typedef struct {
+    size_t   size;           /**< current size of this rank's part */
+    size_t   max_size;       /**< reserved address space */
+    size_t   bytes_local;    /**< in this rank's own memory */
+    size_t   bytes_borrowed; /**< in peers' memory */
+    size_t   bytes_spilled;  /**< in the host spill tier */
+    uint64_t migrations;     /**< segments of this part moved so far */
+} ema_win_stat_t;
+
+/** This rank's part of @a win. */
+EMA_EXPORT ema_status_t ema_win_stat(ema_win_h win, ema_win_stat_t *stat_p);
+
+/** This rank's memory and its lending. */
+typedef struct {
+    size_t   capacity;         /**< EMA_DEVICE_MEMORY */
+    size_t   reserve;          /**< never lent (EMA_LEND_RESERVE) */
+    size_t   bytes_free;       /**< free, lendable or not */
+    size_t   bytes_used;       /**< backing this rank's own windows */
+    size_t   bytes_lent;       /**< backing peers' windows */
+    size_t   bytes_withheld;   /**< reclaimed and withheld (ema_reclaim) */
+    size_t   bytes_borrowed;   /**< peers' memory backing this rank's windows */
+    size_t   bytes_spilled;    /**< spill tier backing this rank's windows */
+    uint64_t reclaims;         /**< reclaims this rank made (explicit or implicit) */
+    uint64_t bytes_migrated;   /**< bytes this rank moved for others' reclaims */
+    double   reclaim_last_us;  /**< duration of the last reclaim */
+    double   reclaim_max_us;   /**< longest reclaim */
+} ema_mem_stat_t;
+
+/** Statistics of this rank's memory. */
+EMA_EXPORT ema_status_t ema_mem_stat(ema_mem_stat_t *stat_p);
+
 #ifdef __cplusplus
 }
 #endif

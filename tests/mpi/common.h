@@ -1,0 +1,180 @@
+/*
+ * Helpers shared by the multi-rank test programs.  They use only the public
+ * API (the programs link libema.la).  Every check that fails prints one line
+ * naming the rank, the test and the check, and is counted; main() ends with
+ * ema_test_finish(), which prints one PASS/FAIL line and gives the exit code.
+ */
+#ifndef EMA_TEST_MPI_COMMON_H_
+#define EMA_TEST_MPI_COMMON_H_
+
+#include <ema.h>
+
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static int         ema_t_rank = -1;
+static int         ema_t_size = 0;
+static int         ema_t_failures;
+static const char *ema_t_current = "setup";
+
+/* Any failure of a call that the test depends on: report and stop this rank. */
+#define T_OK(_call)                                                                    \
+    do {                                                                               \
+        ema_status_t s_ = (_call);                                                     \
+        if (s_ != EMA_SUCCESS) {                                                       \
+            fprintf(stderr, "FAIL rank %d %s: %s returned %d (%s) at %s:%d\n",         \
+                    ema_t_rank, ema_t_current, #_call, (int)s_, ema_strerror(s_),      \
+                    __FILE__, __LINE__);                                               \
+            fflush(stderr);                                                            \
+            exit(1);                                                                   \
+        }                                                                              \
+    } while (0)
+
+/* A status that must be exactly @_want. */
+#define T_STATUS(_call, _want)                                                         \
+    do {                                                                               \
+        ema_status_t s_ = (_call);                                                     \
+        if (s_ != (_want)) {                                                           \
+            fprintf(stderr, "FAIL rank %d %s: %s returned %d (%s), expected %s at %s:%d\n", \
+                    ema_t_rank, ema_t_current, #_call, (int)s_, ema_strerror(s_),      \
+                    #_want, __FILE__, __LINE__);                                       \
+            ema_t_failures++;                                                          \
+        }                                                                              \
+    } while (0)
+
+#define T_EXPECT(_cond, ...)                                                           \
+    do {                                                                               \
+        if (!(_cond)) {                                                                \
+            fprintf(stderr, "FAIL rank %d %s: %s: ", ema_t_rank, ema_t_current, #_cond); \
+            fprintf(stderr, __VA_ARGS__);                                              \
+            fprintf(stderr, " at %s:%d\n", __FILE__, __LINE__);                        \
+            ema_t_failures++;                                                          \
+        }                                                                              \
+    } while (0)
+
+static inline void ema_test_begin(const char *name)
+{
+    ema_t_current = name;
+    if (ema_t_rank == 0) {
+        printf("# %s\n", name);
+        fflush(stdout);
+    }
+}
+
+/* ema_init + rank/size; every program starts with this. */
+static inline void ema_test_init(const char *prog)
+{
+    ema_t_current = prog;
+    T_OK(ema_init(NULL));
+    T_OK(ema_world_rank(&ema_t_rank));
+    T_OK(ema_world_size(&ema_t_size));
+}
+
+/*
+ * Agree on the result: every rank adds its failure count into rank 0's word
+ * through the library itself, so rank 0 prints one line for the whole world.
+ * Each rank prints its own verdict too, so a log shows who failed.
+ */
+static inline int ema_test_finish(const char *prog)
+{
+    void *base;
+    ema_win_h win;
+    uint64_t total = 0;
+
+    ema_t_current = "finish";
+    T_OK(ema_win_allocate(sizeof(uint64_t), NULL, &base, &win));
+    if (ema_t_rank == 0) {
+        *(volatile uint64_t *)base = 0;
+    }
+    T_OK(ema_barrier());
+    T_OK(ema_fetch_add(win, 0, 0, (uint64_t)ema_t_failures, NULL));
+    T_OK(ema_barrier());
+    T_OK(ema_get(win, 0, 0, &total, sizeof(total)));
+    T_OK(ema_win_free(win));
+    T_OK(ema_finalize());
+    if (ema_t_rank == 0) {
+        printf("%s %s: %d rank%s, %" PRIu64 " failed check%s\n", total ? "FAIL" : "PASS", prog,
+               ema_t_size, ema_t_size == 1 ? "" : "s", total, total == 1 ? "" : "s");
+    }
+    fflush(stdout);
+    return (total || ema_t_failures) ? 1 : 0;
+}
+
+/* Deterministic data: splitmix64. */
+static inline uint64_t t_rand(uint64_t *state)
+{
+    uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static inline uint64_t t_seed(uint64_t a, uint64_t b, uint64_t c)
+{
+    uint64_t s = a * 1000003u + b * 10007u + c + 1;
+    t_rand(&s);
+    return s;
+}
+
+/* The byte a writer @who stores at @offset of a target in phase @phase: every
+ * rank can recompute what must be where. */
+static inline uint8_t t_byte(int phase, int who, size_t offset)
+{
+    uint64_t x = (uint64_t)offset * 0x9e3779b97f4a7c15ull + (uint64_t)who * 0x632be59bd9b4e019ull +
+                 (uint64_t)phase * 0x85ebca6bull;
+    x ^= x >> 29;
+    return (uint8_t)(x ^ (x >> 8) ^ 0x5a);
+}
+
+static inline void t_fill(uint8_t *buf, size_t len, int phase, int who, size_t offset)
+{
+    for (size_t i = 0; i < len; i++) {
+        buf[i] = t_byte(phase, who, offset + i);
+    }
+}
+
+/* Index of the first byte that differs from the pattern, or len. */
+static inline size_t t_check(const uint8_t *buf, size_t len, int phase, int who, size_t offset)
+{
+    for (size_t i = 0; i < len; i++) {
+        if (buf[i] != t_byte(phase, who, offset + i)) {
+            return i;
+        }
+    }
+    return len;
+}
+
+/* FNV-1a, 64 bit. */
+static inline uint64_t t_checksum(const void *buf, size_t len)
+{
+    const uint8_t *p = buf;
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < len; i++) {
+        h = (h ^ p[i]) * 0x100000001b3ull;
+    }
+    return h;
+}
+
+static inline double t_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static inline void *t_malloc(size_t len)
+{
+    void *p = malloc(len ? len : 1);
+    if (p == NULL) {
+        fprintf(stderr, "FAIL rank %d: malloc(%zu)\n", ema_t_rank, len);
+        exit(1);
+    }
+    return p;
+}
+
+#endif

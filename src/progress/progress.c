@@ -22,7 +22,7 @@ const ema_config_field_t ema__progress_config_table[] = {
 unsigned ema__progress_once(ema__progress_t *pg)
 {
     unsigned n = ema__xport_progress(pg->xp);
-    n += (unsigned)ema__xport_run_deferred(pg->xp);
+    n += (unsigned)ema__xport_run_deferred(pg->xp, 0);
     return n;
 }
 

@@ -3,6 +3,7 @@
 #include "util/config.h"
 #include "util/log.h"
 #include "util/state.h"
+#include "topo/topo.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -32,7 +33,7 @@ const ema_config_field_t ema__runtime_config_table[] = {
 /* Every module's table, for ema_config_print() and the typo check. */
 static const ema_config_field_t *const ema_config_tables[] = {
     ema__runtime_config_table, ema__boot_config_table, ema__xport_config_table,
-    ema__progress_config_table, NULL};
+    ema__progress_config_table, ema__topo_config_table, ema__pool_config_table, NULL};
 
 static ema__world_t ema_world;
 
@@ -44,7 +45,8 @@ static ema_status_t ema_read_config(ema__world_t *w, const ema_init_params_t *pa
         (status = ema__config_read(ema__boot_config_table, &w->boot.cfg)) != EMA_SUCCESS ||
         (status = ema__config_read(ema__xport_config_table, &w->xp.cfg)) != EMA_SUCCESS ||
         (status = ema__config_read(ema__progress_config_table, &w->progress.cfg)) !=
-            EMA_SUCCESS) {
+            EMA_SUCCESS ||
+        (status = ema__config_read(ema__pool_config_table, &w->pool.cfg)) != EMA_SUCCESS) {
         return status;
     }
     ema__log_level = (ema_log_level_t)w->cfg.log_level;
@@ -190,12 +192,23 @@ EMA_EXPORT ema_status_t ema_init(const ema_init_params_t *params)
         goto err_boot;
     }
 
+    if (w->pool.cfg.spill) {
+        /* The spill tier is host memory whatever the device kind: address
+         * space until a window spills into it. */
+        status = ema__mem_arena_create(&ema__mem_host_ops, w->pool.cfg.spill_size,
+                                       w->arena->seg_size, -1, &w->spill);
+        if (status != EMA_SUCCESS) {
+            goto err_arena;
+        }
+    }
+
     w->xp.request_size = sizeof(struct ema_request);
     status = ema__xport_create(&w->xp, w->boot.rank, w->boot.size);
     if (status != EMA_SUCCESS) {
-        goto err_arena;
+        goto err_spill;
     }
-    status = ema__win_ctx_init(&w->win, &w->xp, w->arena, w->boot.rank, w->boot.size);
+    status = ema__win_ctx_init(&w->win, &w->xp, w->arena, w->spill, w->boot.rank,
+                               w->boot.size);
     if (status != EMA_SUCCESS) {
         goto err_xport;
     }
@@ -203,10 +216,15 @@ EMA_EXPORT ema_status_t ema_init(const ema_init_params_t *params)
     if (status != EMA_SUCCESS) {
         goto err_win;
     }
-    status = ema__progress_start(&w->progress, &w->xp);
+    status = ema__pool_init(&w->pool, &w->win, w->spill);
     if (status != EMA_SUCCESS) {
         goto err_win;
     }
+    status = ema__progress_start(&w->progress, &w->xp);
+    if (status != EMA_SUCCESS) {
+        goto err_pool;
+    }
+    ema__pool_start(&w->pool);
     ema__win_world = &w->win;
     ema_debug("world of %d ready: %s memory, %zu bytes in segments of %zu, ucx %s",
               w->boot.size, ops->name, w->arena->capacity, w->arena->seg_size,
@@ -214,10 +232,15 @@ EMA_EXPORT ema_status_t ema_init(const ema_init_params_t *params)
     atomic_store(&ema__state, EMA_STATE_READY);
     return EMA_SUCCESS;
 
+err_pool:
+    ema__pool_cleanup(&w->pool);
 err_win:
     ema__win_ctx_cleanup(&w->win);
 err_xport:
     ema__xport_destroy(&w->xp);
+err_spill:
+    ema__mem_arena_destroy(w->spill);
+    w->spill = NULL;
 err_arena:
     ema__mem_arena_destroy(w->arena);
     w->arena = NULL;
@@ -248,13 +271,19 @@ EMA_EXPORT ema_status_t ema_finalize(void)
     if (status == EMA_SUCCESS) {
         status = ema__xport_barrier(&w->xp);
     }
+    if (w->pool.cfg.stats) {
+        ema__pool_print_stats(&w->pool, stderr);
+    }
     atomic_store(&ema__state, EMA_STATE_FINALIZED);
     ema__win_world = NULL;
     ema__progress_stop(&w->progress);
+    ema__pool_cleanup(&w->pool);
     ema__win_ctx_cleanup(&w->win);
     ema__xport_destroy(&w->xp);
     ema__mem_arena_destroy(w->arena);
+    ema__mem_arena_destroy(w->spill);
     w->arena = NULL;
+    w->spill = NULL;
     ema__boot_finalize(&w->boot);
     return status;
 }
@@ -309,6 +338,8 @@ EMA_EXPORT ema_status_t ema_config_print(FILE *stream)
     ema__boot_config_t boot;
     ema__xport_config_t xp;
     ema__progress_config_t pg;
+    ema__topo_config_t tp;
+    ema__pool_config_t pool;
 
     if (stream == NULL) {
         return EMA_ERR_INVALID_PARAM;
@@ -319,11 +350,46 @@ EMA_EXPORT ema_status_t ema_config_print(FILE *stream)
     ema__config_read(ema__boot_config_table, &boot);
     ema__config_read(ema__xport_config_table, &xp);
     ema__config_read(ema__progress_config_table, &pg);
+    ema__config_read(ema__topo_config_table, &tp);
+    ema__config_read(ema__pool_config_table, &pool);
     ema__config_print(ema__runtime_config_table, &rt, stream);
     ema__config_print(ema__boot_config_table, &boot, stream);
     ema__config_print(ema__xport_config_table, &xp, stream);
     ema__config_print(ema__progress_config_table, &pg, stream);
+    ema__config_print(ema__topo_config_table, &tp, stream);
+    ema__config_print(ema__pool_config_table, &pool, stream);
     return EMA_SUCCESS;
+}
+
+/* Works before ema_init: then no world exists, so show the local ranks a
+ * launch would have (EMA_GPU_MAP's length, else one per visible GPU). */
+static void ema_info_topology(FILE *stream, int ready)
+{
+    ema__topo_config_t cfg;
+    ema__topo_t *topo;
+    int nranks, *gpu_of_rank;
+
+    if (ema__topo_load(&topo) != EMA_SUCCESS) {
+        fprintf(stream, "# topology:      (hwloc failed, see the log)\n");
+        return;
+    }
+    if (ema__config_read(ema__topo_config_table, &cfg) != EMA_SUCCESS) {
+        cfg.gpu_map = "";
+    }
+    nranks = ready ? ema_world.boot.local_size : ema__topo_default_nranks(topo, &cfg);
+    gpu_of_rank = calloc((size_t)nranks, sizeof(*gpu_of_rank));
+    if (!ready) {
+        fprintf(stream, "# topology:      before ema_init, %d local rank%s assumed\n", nranks,
+                nranks == 1 ? "" : "s");
+    }
+    if (gpu_of_rank != NULL &&
+        ema__topo_map_ranks(topo, &cfg, nranks, gpu_of_rank, NULL) == EMA_SUCCESS) {
+        ema__topo_print(topo, stream, nranks, gpu_of_rank, NULL);
+    } else {
+        ema__topo_print(topo, stream, 0, NULL, NULL);
+    }
+    free(gpu_of_rank);
+    ema__topo_destroy(topo);
 }
 
 EMA_EXPORT ema_status_t ema_info_print(FILE *stream, unsigned flags)
@@ -344,6 +410,9 @@ EMA_EXPORT ema_status_t ema_info_print(FILE *stream, unsigned flags)
 #else
         fprintf(stream, "# cuda kind:     not built (configure --with-cuda)\n");
 #endif
+    }
+    if (flags & EMA_INFO_TOPOLOGY) {
+        ema_info_topology(stream, ready);
     }
     if (flags & EMA_INFO_WORLD) {
         if (!ready) {

@@ -12,6 +12,7 @@
 
 #include "boot/boot.h"
 #include "mem/mem.h"
+#include "pool/pool.h"
 #include "progress/progress.h"
 #include "win/win.h"
 #include "xport/xport.h"
@@ -27,12 +28,13 @@ typedef struct ema__world {
     ema__runtime_config_t cfg;
     ema__boot_t           boot;
     ema__mem_arena_t     *arena;
+    ema__mem_arena_t     *spill; /* host spill tier, NULL with EMA_SPILL=none */
     ema__xport_t          xp;
     ema__win_ctx_t        win;
+    ema__pool_t           pool;
     ema__progress_t       progress;
 } ema__world_t;
 
 extern const ema_config_field_t ema__runtime_config_table[];
-extern ema__win_ctx_t *ema__win_world;
 
 #endif

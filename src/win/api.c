@@ -6,10 +6,6 @@
 
 ema__win_ctx_t *ema__win_world; /* set by the runtime between init and finalize */
 
-ema_status_t ema__win_allocate(ema__win_ctx_t *ctx, size_t size, const ema_win_params_t *params,
-                               void **base_p, ema_win_h *win_p);
-ema_status_t ema__win_free(ema__win_ctx_t *ctx, ema_win_h win);
-
 EMA_EXPORT ema_status_t ema_win_allocate(size_t size, const ema_win_params_t *params,
                                          void **base_p, ema_win_h *win_p)
 {
@@ -38,19 +34,6 @@ EMA_EXPORT ema_status_t ema_win_allocate(size_t size, const ema_win_params_t *pa
     return ema__win_allocate(ema__win_world, size, params, base_p, win_p);
 }
 
-EMA_EXPORT ema_status_t ema_win_free(ema_win_h win)
-{
-    ema_status_t status = ema__check_ready();
-    if (status != EMA_SUCCESS) {
-        return status;
-    }
-    status = ema__win_check(win);
-    if (status != EMA_SUCCESS) {
-        return status;
-    }
-    return ema__win_free(win->ctx, win);
-}
-
 EMA_EXPORT ema_status_t ema_win_size(ema_win_h win, int rank, size_t *size_p)
 {
     ema_status_t status = ema__check_ready();
@@ -67,6 +50,6 @@ EMA_EXPORT ema_status_t ema_win_size(ema_win_h win, int rank, size_t *size_p)
     if (size_p == NULL) {
         return EMA_ERR_INVALID_PARAM;
     }
-    *size_p = win->parts[rank].size;
+    *size_p = atomic_load(&win->parts[rank].size);
     return EMA_SUCCESS;
 }

@@ -34,33 +34,69 @@ static inline ema_status_t ema_rma_check(ema_win_h win, int rank, size_t offset,
     if (buf == NULL && len > 0) {
         return EMA_ERR_INVALID_PARAM;
     }
-    size_t psize = win->parts[rank].size;
+    size_t psize = atomic_load_explicit(&win->parts[rank].size, memory_order_acquire);
     if (offset > psize || len > psize - offset) {
-        return EMA_ERR_RANGE;
+        /* The part may have grown since we cached it: ask its owner once. */
+        if (rank == win->ctx->rank || offset > win->parts[rank].max_segs * win->ctx->seg_size ||
+            len > win->parts[rank].max_segs * win->ctx->seg_size - offset ||
+            ema__win_fetch(win, rank) != EMA_SUCCESS) {
+            return EMA_ERR_RANGE;
+        }
+        psize = atomic_load_explicit(&win->parts[rank].size, memory_order_acquire);
+        if (offset > psize || len > psize - offset) {
+            return EMA_ERR_RANGE;
+        }
     }
     return EMA_SUCCESS;
 }
 
-/* Find the run starting at @offset: the target rank, remote address, and
- * how many bytes from there are contiguous in that rank's arena. */
+/*
+ * Find the run starting at @offset: the rank and tier holding it, the remote
+ * address, and how many bytes from there are contiguous in that memory.
+ * Returns 0 if the segment is moving; the caller waits and retries.  Must be
+ * called with ctx->inflight raised (see ema__win_inval_local).
+ */
 static inline size_t ema_rma_run(ema_win_h win, const ema__win_part_t *part, size_t offset,
-                                 size_t len, int *rank_p, uint64_t *raddr_p)
+                                 size_t len, int *rank_p, int *tier_p, uint64_t *raddr_p)
 {
     ema__win_ctx_t *ctx = win->ctx;
     size_t seg  = ctx->seg_size;
     uint32_t i  = (uint32_t)(offset / seg);
     size_t in   = offset - (size_t)i * seg;
-    ema__seg_loc_t loc = part->loc[i];
+    ema__loc_t loc = atomic_load_explicit(&part->loc[i], memory_order_seq_cst);
     size_t run  = seg - in;
 
-    while (run < len && i + 1 < part->nsegs && part->loc[i + 1].rank == loc.rank &&
-           part->loc[i + 1].seg == part->loc[i].seg + 1) {
+    if (loc & EMA_LOC_MOVING) {
+        /* moving, or being removed by a shrink: then the range is gone */
+        size_t psize = atomic_load_explicit(&part->size, memory_order_acquire);
+        return (offset + len > psize) ? SIZE_MAX : 0;
+    }
+    ema__loc_t next = loc;
+    while (run < len && i + 1 < part->max_segs) {
+        ema__loc_t l = atomic_load_explicit(&part->loc[i + 1], memory_order_relaxed);
+        if (l != next + 1) { /* same rank and tier, next segment, not moving */
+            break;
+        }
+        next = l;
         i++;
         run += seg;
     }
-    *rank_p  = loc.rank;
-    *raddr_p = ctx->arena_mr.bases[loc.rank] + (uint64_t)loc.seg * seg + in;
+    int tier = EMA_LOC_TIER(loc);
+    *rank_p  = EMA_LOC_RANK(loc);
+    *tier_p  = tier;
+    *raddr_p = ctx->mr[tier].bases[*rank_p] + (uint64_t)EMA_LOC_SEG(loc) * seg + in;
     return (run < len) ? run : len;
+}
+
+/* A segment is moving: let the migration finish (answering invalidations
+ * ourselves if need be), then look again. */
+static void ema_rma_wait_moving(ema__win_ctx_t *ctx)
+{
+    atomic_fetch_sub(&ctx->inflight, 1);
+    if (ema__xport_progress(ctx->xp) + ema__xport_run_deferred(ctx->xp, 1) == 0) {
+        ema__xport_idle(ctx->xp);
+    }
+    atomic_fetch_add(&ctx->inflight, 1);
 }
 
 static void ema_rma_noop_cb(void *request, ucs_status_t status, void *user_data)
@@ -79,11 +115,11 @@ static void ema_rma_agg_cb(void *request, ucs_status_t status, void *user_data)
 }
 
 static inline ucs_status_ptr_t ema_rma_issue(ema__win_ctx_t *ctx, ema_op_t op, int rank,
-                                             void *buf, size_t len, uint64_t raddr,
+                                             int tier, void *buf, size_t len, uint64_t raddr,
                                              const ucp_request_param_t *param)
 {
     ucp_ep_h ep     = ctx->xp->eps[rank];
-    ucp_rkey_h rkey = ctx->arena_mr.rkeys[rank];
+    ucp_rkey_h rkey = ctx->mr[tier].rkeys[rank];
     return (op == EMA_OP_PUT) ? ucp_put_nbx(ep, buf, len, raddr, rkey, param)
                               : ucp_get_nbx(ep, buf, len, raddr, rkey, param);
 }
@@ -93,18 +129,28 @@ static ema_status_t ema_rma_blocking(ema_win_h win, ema_op_t op, int rank, size_
                                      void *buf, size_t len)
 {
     ema__win_ctx_t *ctx = win->ctx;
-    const ema__win_part_t *part = &win->parts[rank];
+    ema__win_part_t *part = &win->parts[rank];
     ucp_request_param_t param;
     ucs_status_ptr_t reqs[16];
     ema_status_t status = EMA_SUCCESS, st;
-    int nreqs = 0, trank;
+    int nreqs = 0, trank, tier;
     uint64_t raddr;
 
     param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK;
     param.cb.send      = ema_rma_noop_cb;
     while (len > 0) {
-        size_t n = ema_rma_run(win, part, offset, len, &trank, &raddr);
-        ucs_status_ptr_t sp = ema_rma_issue(ctx, op, trank, buf, n, raddr, &param);
+        atomic_fetch_add(&ctx->inflight, 1);
+        size_t n;
+        while ((n = ema_rma_run(win, part, offset, len, &trank, &tier, &raddr)) == 0) {
+            ema_rma_wait_moving(ctx);
+        }
+        if (n == SIZE_MAX) {
+            atomic_fetch_sub(&ctx->inflight, 1);
+            status = EMA_ERR_RANGE;
+            break;
+        }
+        ucs_status_ptr_t sp = ema_rma_issue(ctx, op, trank, tier, buf, n, raddr, &param);
+        atomic_fetch_sub(&ctx->inflight, 1);
         if (UCS_PTR_IS_ERR(sp)) {
             st = ema__xport_wait(ctx->xp, sp, op == EMA_OP_PUT ? "ucp_put_nbx" : "ucp_get_nbx");
             status = (status == EMA_SUCCESS) ? st : status;
@@ -133,22 +179,31 @@ static ema_status_t ema_rma_nb(ema_win_h win, ema_op_t op, int rank, size_t offs
                                size_t len, ema_request_h *req_p)
 {
     ema__win_ctx_t *ctx = win->ctx;
-    const ema__win_part_t *part = &win->parts[rank];
+    ema__win_part_t *part = &win->parts[rank];
     ucp_request_param_t param;
     struct ema_request *agg = NULL;
-    int trank;
+    int trank, tier;
     uint64_t raddr;
+    size_t n;
 
     if (len == 0) {
         *req_p = &ema_req_done;
         return EMA_SUCCESS;
     }
-    size_t n = ema_rma_run(win, part, offset, len, &trank, &raddr);
+    atomic_fetch_add(&ctx->inflight, 1);
+    while ((n = ema_rma_run(win, part, offset, len, &trank, &tier, &raddr)) == 0) {
+        ema_rma_wait_moving(ctx);
+    }
+    if (n == SIZE_MAX) {
+        atomic_fetch_sub(&ctx->inflight, 1);
+        return EMA_ERR_RANGE;
+    }
     if (n == len) {
         /* one run: the UCX request is the handle */
         param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK;
         param.cb.send      = ema_rma_noop_cb;
-        ucs_status_ptr_t sp = ema_rma_issue(ctx, op, trank, buf, n, raddr, &param);
+        ucs_status_ptr_t sp = ema_rma_issue(ctx, op, trank, tier, buf, n, raddr, &param);
+        atomic_fetch_sub(&ctx->inflight, 1);
         if (sp == NULL) {
             *req_p = &ema_req_done;
             return EMA_SUCCESS;
@@ -163,6 +218,7 @@ static ema_status_t ema_rma_nb(ema_win_h win, ema_op_t op, int rank, size_t offs
         return EMA_SUCCESS;
     }
 
+    atomic_fetch_sub(&ctx->inflight, 1);
     agg = malloc(sizeof(*agg));
     if (agg == NULL) {
         return EMA_ERR_NO_MEMORY;
@@ -175,9 +231,19 @@ static ema_status_t ema_rma_nb(ema_win_h win, ema_op_t op, int rank, size_t offs
     param.cb.send      = ema_rma_agg_cb;
     param.user_data    = agg;
     while (len > 0) {
-        n = ema_rma_run(win, part, offset, len, &trank, &raddr);
+        atomic_fetch_add(&ctx->inflight, 1);
+        while ((n = ema_rma_run(win, part, offset, len, &trank, &tier, &raddr)) == 0) {
+            ema_rma_wait_moving(ctx);
+        }
+        if (n == SIZE_MAX) {
+            atomic_fetch_sub(&ctx->inflight, 1);
+            int expected = EMA_SUCCESS;
+            atomic_compare_exchange_strong(&agg->status, &expected, EMA_ERR_RANGE);
+            break;
+        }
         atomic_fetch_add(&agg->pending, 1);
-        ucs_status_ptr_t sp = ema_rma_issue(ctx, op, trank, buf, n, raddr, &param);
+        ucs_status_ptr_t sp = ema_rma_issue(ctx, op, trank, tier, buf, n, raddr, &param);
+        atomic_fetch_sub(&ctx->inflight, 1);
         if (sp == NULL || UCS_PTR_IS_ERR(sp)) {
             if (UCS_PTR_IS_ERR(sp)) {
                 ema_error("%s failed: %s", op == EMA_OP_PUT ? "ucp_put_nbx" : "ucp_get_nbx",
@@ -328,11 +394,26 @@ EMA_EXPORT ema_status_t ema_win_flush(ema_win_h win, int rank)
     if (rank < 0 || rank >= win->ctx->size) {
         return EMA_ERR_INVALID_RANK;
     }
-    const ema__win_part_t *part = &win->parts[rank];
-    for (int i = 0; i < part->nranks; i++) {
-        status = ema__xport_flush_ep(win->ctx->xp, part->ranks[i]);
-        if (status != EMA_SUCCESS) {
-            return status;
+    /* Flush the endpoint of every rank holding a segment of the part; the
+     * common case is one rank, the owner.  Large worlds flush the worker. */
+    ema__win_part_t *part = &win->parts[rank];
+    uint32_t nsegs = atomic_load(&part->nsegs);
+    uint64_t mask = 0;
+    if (win->ctx->size > 64) {
+        return ema__xport_flush(win->ctx->xp);
+    }
+    for (uint32_t i = 0; i < nsegs; i++) {
+        mask |= 1ull << EMA_LOC_RANK(atomic_load_explicit(&part->loc[i], memory_order_relaxed));
+    }
+    if (nsegs == 0) {
+        mask = 1ull << rank;
+    }
+    for (int r = 0; mask != 0; r++, mask >>= 1) {
+        if (mask & 1) {
+            status = ema__xport_flush_ep(win->ctx->xp, r);
+            if (status != EMA_SUCCESS) {
+                return status;
+            }
         }
     }
     return EMA_SUCCESS;
@@ -361,9 +442,19 @@ static ema_status_t ema_atomic(ema_win_h win, int rank, size_t offset, ucp_atomi
     if (offset % sizeof(uint64_t)) {
         return EMA_ERR_ALIGNMENT;
     }
-    int trank;
+    ema__win_ctx_t *ctx = win->ctx;
+    int trank, tier;
     uint64_t raddr;
-    ema_rma_run(win, &win->parts[rank], offset, sizeof(uint64_t), &trank, &raddr);
+    atomic_fetch_add(&ctx->inflight, 1);
+    size_t n;
+    while ((n = ema_rma_run(win, &win->parts[rank], offset, sizeof(uint64_t), &trank, &tier,
+                            &raddr)) == 0) {
+        ema_rma_wait_moving(ctx);
+    }
+    if (n == SIZE_MAX) {
+        atomic_fetch_sub(&ctx->inflight, 1);
+        return EMA_ERR_RANGE;
+    }
 
     ucp_request_param_t param;
     param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_DATATYPE |
@@ -371,9 +462,10 @@ static ema_status_t ema_atomic(ema_win_h win, int rank, size_t offset, ucp_atomi
     param.cb.send      = ema_rma_noop_cb;
     param.datatype     = ucp_dt_make_contig(sizeof(uint64_t));
     param.reply_buffer = reply;
-    ucs_status_ptr_t sp = ucp_atomic_op_nbx(win->ctx->xp->eps[trank], op, &value, 1, raddr,
-                                            win->ctx->arena_mr.rkeys[trank], &param);
-    return ema__xport_wait(win->ctx->xp, sp, "ucp_atomic_op_nbx");
+    ucs_status_ptr_t sp = ucp_atomic_op_nbx(ctx->xp->eps[trank], op, &value, 1, raddr,
+                                            ctx->mr[tier].rkeys[trank], &param);
+    atomic_fetch_sub(&ctx->inflight, 1);
+    return ema__xport_wait(ctx->xp, sp, "ucp_atomic_op_nbx");
 }
 
 EMA_EXPORT ema_status_t ema_fetch_add(ema_win_h win, int rank, size_t offset, uint64_t value,

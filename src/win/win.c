@@ -6,39 +6,68 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* --- the world's arenas ------------------------------------------------- */
+/* --- the world's memory tiers -------------------------------------------- */
 
 ema_status_t ema__win_ctx_init(ema__win_ctx_t *ctx, ema__xport_t *xp, ema__mem_arena_t *arena,
-                               int rank, int size)
+                               ema__mem_arena_t *spill, int rank, int size)
 {
+    ema_status_t status = EMA_SUCCESS;
+    int t;
+
     memset(ctx, 0, sizeof(*ctx));
-    ctx->xp       = xp;
-    ctx->arena    = arena;
-    ctx->rank     = rank;
-    ctx->size     = size;
-    ctx->seg_size = arena->seg_size;
-    ctx->exports  = calloc((size_t)size, sizeof(*ctx->exports));
-    if (ctx->exports == NULL) {
-        return EMA_ERR_NO_MEMORY;
+    ctx->xp              = xp;
+    ctx->tier[EMA_TIER_DEVICE] = arena;
+    ctx->tier[EMA_TIER_SPILL]  = spill;
+    ctx->rank            = rank;
+    ctx->size            = size;
+    ctx->seg_size        = arena->seg_size;
+    atomic_init(&ctx->inflight, 0);
+    pthread_mutex_init(&ctx->lock, NULL);
+    for (t = 0; t < EMA_TIER_MAX; t++) {
+        ctx->exports[t] = calloc((size_t)(unsigned)size, sizeof(ema__mem_export_t));
+        if (ctx->exports[t] == NULL) {
+            status = EMA_ERR_NO_MEMORY;
+            goto err;
+        }
+        if (ctx->tier[t] == NULL) {
+            continue; /* no spill tier (EMA_SPILL=none) */
+        }
+        status = ema__xport_mr_register(xp, ctx->tier[t]->base, ctx->tier[t]->capacity,
+                                        &ctx->mr[t]);
+        if (status != EMA_SUCCESS) {
+            goto err;
+        }
     }
-    ema_status_t status = ema__xport_mr_register(xp, arena->base, arena->capacity,
-                                                 &ctx->arena_mr);
-    if (status != EMA_SUCCESS) {
-        free(ctx->exports);
-        ctx->exports = NULL;
-    }
+    ema__win_coherence_init(ctx);
+    return EMA_SUCCESS;
+
+err:
+    ema__win_ctx_cleanup(ctx);
     return status;
 }
 
+/* Blob: for each tier, [export][u32 rkey_len][rkey]. */
 ema_status_t ema__win_ctx_blob(ema__win_ctx_t *ctx, void **blob_p, size_t *len_p)
 {
-    size_t len = sizeof(ema__mem_export_t) + ctx->arena_mr.rkey_len;
-    char *blob = malloc(len);
+    size_t len = 0;
+    for (int t = 0; t < EMA_TIER_MAX; t++) {
+        len += sizeof(ema__mem_export_t) + sizeof(uint32_t) + ctx->mr[t].rkey_len;
+    }
+    char *blob = calloc(1, len), *p = blob;
     if (blob == NULL) {
         return EMA_ERR_NO_MEMORY;
     }
-    ema__mem_arena_export(ctx->arena, (ema__mem_export_t *)blob);
-    memcpy(blob + sizeof(ema__mem_export_t), ctx->arena_mr.rkey_buf, ctx->arena_mr.rkey_len);
+    for (int t = 0; t < EMA_TIER_MAX; t++) {
+        uint32_t rlen = (uint32_t)ctx->mr[t].rkey_len;
+        if (ctx->tier[t] != NULL) {
+            ema__mem_arena_export(ctx->tier[t], (ema__mem_export_t *)p);
+        }
+        p += sizeof(ema__mem_export_t);
+        memcpy(p, &rlen, sizeof(rlen));
+        p += sizeof(rlen);
+        memcpy(p, ctx->mr[t].rkey_buf, rlen);
+        p += rlen;
+    }
     *blob_p = blob;
     *len_p  = len;
     return EMA_SUCCESS;
@@ -47,32 +76,46 @@ ema_status_t ema__win_ctx_blob(ema__win_ctx_t *ctx, void **blob_p, size_t *len_p
 ema_status_t ema__win_ctx_connect(ema__win_ctx_t *ctx, void *const *blobs, const size_t *lens)
 {
     for (int r = 0; r < ctx->size; r++) {
-        if (lens[r] < sizeof(ema__mem_export_t)) {
-            ema_error("malformed arena description from rank %d", r);
-            return EMA_ERR_BOOTSTRAP;
-        }
-        memcpy(&ctx->exports[r], blobs[r], sizeof(ema__mem_export_t));
-        if (ctx->exports[r].seg_size != ctx->seg_size) {
-            ema_error("rank %d uses segments of %lu bytes, rank %d of %zu: set "
-                      "EMA_SEGMENT_SIZE alike on every rank", r,
-                      (unsigned long)ctx->exports[r].seg_size, ctx->rank, ctx->seg_size);
-            return EMA_ERR_INVALID_PARAM;
-        }
-        ema_status_t status = ema__xport_mr_add_peer(
-            ctx->xp, &ctx->arena_mr, r, ctx->exports[r].base,
-            (const char *)blobs[r] + sizeof(ema__mem_export_t));
-        if (status != EMA_SUCCESS) {
-            return status;
+        const char *p = blobs[r], *end = p + lens[r];
+        for (int t = 0; t < EMA_TIER_MAX; t++) {
+            uint32_t rlen;
+            if (p + sizeof(ema__mem_export_t) + sizeof(rlen) > end) {
+                goto malformed;
+            }
+            memcpy(&ctx->exports[t][r], p, sizeof(ema__mem_export_t));
+            p += sizeof(ema__mem_export_t);
+            memcpy(&rlen, p, sizeof(rlen));
+            p += sizeof(rlen);
+            if (p + rlen > end) {
+                goto malformed;
+            }
+            if (t == EMA_TIER_DEVICE && ctx->exports[t][r].seg_size != ctx->seg_size) {
+                ema_error("rank %d uses segments of %lu bytes, rank %d of %zu: set "
+                          "EMA_SEGMENT_SIZE alike on every rank", r,
+                          (unsigned long)ctx->exports[t][r].seg_size, ctx->rank, ctx->seg_size);
+                return EMA_ERR_INVALID_PARAM;
+            }
+            if (rlen > 0 && ctx->mr[t].memh != NULL) {
+                ema_status_t status = ema__xport_mr_add_peer(ctx->xp, &ctx->mr[t], r,
+                                                             ctx->exports[t][r].base, p);
+                if (status != EMA_SUCCESS) {
+                    return status;
+                }
+            }
+            p += rlen;
         }
     }
     return EMA_SUCCESS;
+
+malformed:
+    ema_error("malformed memory description in the modex");
+    return EMA_ERR_BOOTSTRAP;
 }
 
-static void ema_win_parts_free(ema__win_ctx_t *ctx, ema__win_part_t *parts)
+static void ema_win_release_parts(ema__win_ctx_t *ctx, ema__win_part_t *parts)
 {
     for (int r = 0; parts != NULL && r < ctx->size; r++) {
-        free(parts[r].loc);
-        free(parts[r].ranks);
+        free((void *)parts[r].loc);
     }
     free(parts);
 }
@@ -86,64 +129,57 @@ void ema__win_ctx_cleanup(ema__win_ctx_t *ctx)
         ctx->dead = w->next;
         free(w);
     }
-    if (ctx->xp != NULL) {
-        ema__xport_mr_deregister(ctx->xp, &ctx->arena_mr);
+    for (int t = 0; t < EMA_TIER_MAX; t++) {
+        if (ctx->xp != NULL) {
+            ema__xport_mr_deregister(ctx->xp, &ctx->mr[t]);
+        }
+        free(ctx->exports[t]);
+        ctx->exports[t] = NULL;
     }
-    free(ctx->exports);
-    ctx->exports = NULL;
+    pthread_mutex_destroy(&ctx->lock);
 }
 
-/* --- window allocation -------------------------------------------------- */
+ema_win_h ema__win_find(ema__win_ctx_t *ctx, uint32_t id)
+{
+    ema_win_h w;
+    pthread_mutex_lock(&ctx->lock);
+    for (w = ctx->wins; w != NULL && w->id != id; w = w->next) {
+    }
+    pthread_mutex_unlock(&ctx->lock);
+    return w;
+}
+
+/* --- window allocation ---------------------------------------------------- */
 
 /* What each rank contributes to the allocation's allgather. */
 typedef struct {
-    int32_t  status;
-    uint32_t nsegs;
-    uint64_t size;
-    ema__seg_loc_t loc[];
+    int32_t    status;
+    uint32_t   nsegs;
+    uint32_t   max_segs;
+    uint32_t   pad;
+    uint64_t   size;
+    ema__loc_t loc[];
 } ema_win_desc_t;
-
-static ema_status_t ema_win_part_set(ema__win_part_t *part, const ema_win_desc_t *d)
-{
-    part->size  = d->size;
-    part->nsegs = d->nsegs;
-    part->loc   = malloc(sizeof(*part->loc) * (d->nsegs ? d->nsegs : 1));
-    part->ranks = malloc(sizeof(*part->ranks) * (d->nsegs ? d->nsegs : 1));
-    if (part->loc == NULL || part->ranks == NULL) {
-        return EMA_ERR_NO_MEMORY;
-    }
-    memcpy(part->loc, d->loc, sizeof(*part->loc) * d->nsegs);
-    part->nranks = 0;
-    for (uint32_t i = 0; i < d->nsegs; i++) {
-        int seen = 0;
-        for (int k = 0; k < part->nranks; k++) {
-            seen |= (part->ranks[k] == d->loc[i].rank);
-        }
-        if (!seen) {
-            part->ranks[part->nranks++] = d->loc[i].rank;
-        }
-    }
-    return EMA_SUCCESS;
-}
 
 ema_status_t ema__win_allocate(ema__win_ctx_t *ctx, size_t size, const ema_win_params_t *params,
                                void **base_p, ema_win_h *win_p)
 {
+    ema__mem_arena_t *arena = ctx->tier[EMA_TIER_DEVICE];
     size_t seg = ctx->seg_size, max_size = size;
     ema_status_t status = EMA_SUCCESS, local = EMA_SUCCESS;
-    ema__mem_arena_t *arena = ctx->arena;
-    uint32_t *segs = NULL, nsegs;
+    uint32_t *segs = NULL, nsegs, max_segs, mapped = 0;
     ema_win_desc_t *desc = NULL;
     struct ema_win *win = NULL;
     void **blobs = NULL;
     size_t *lens = NULL, desc_len;
-    uint32_t mapped = 0;
+    int taken = 0;
 
     if (params != NULL && (params->field_mask & EMA_WIN_PARAM_FIELD_MAX_SIZE)) {
         max_size = params->max_size;
     }
-    nsegs = (uint32_t)((size + seg - 1) / seg);
-    desc_len = sizeof(*desc) + sizeof(ema__seg_loc_t) * nsegs;
+    nsegs    = (uint32_t)((size + seg - 1) / seg);
+    max_segs = (uint32_t)((max_size + seg - 1) / seg);
+    desc_len = sizeof(*desc) + sizeof(ema__loc_t) * nsegs;
 
     win  = calloc(1, sizeof(*win));
     desc = calloc(1, desc_len);
@@ -153,16 +189,25 @@ ema_status_t ema__win_allocate(ema__win_ctx_t *ctx, size_t size, const ema_win_p
         goto exchange;
     }
     win->ctx      = ctx;
-    win->reserved = ((max_size + seg - 1) / seg) * seg;
+    win->reserved = (size_t)max_segs * seg;
+    win->held     = calloc(max_segs ? max_segs : 1, sizeof(*win->held));
+    win->parts    = calloc((size_t)(unsigned)ctx->size, sizeof(*win->parts));
+    if (win->held == NULL || win->parts == NULL) {
+        local = EMA_ERR_NO_MEMORY;
+        goto exchange;
+    }
+    pthread_mutex_init(&win->lock, NULL);
 
-    /* 1. take segments from the arena and map them at the part's base */
+    /* 1. take local segments and map them at the part's base.  Allocation
+     * uses local memory only, so that it fails the same way on every rank;
+     * ema_win_grow() is what borrows and spills. */
     local = ema__seg_pool_alloc(&arena->pool, nsegs, EMA_SEG_USED, segs);
     if (local != EMA_SUCCESS) {
         ema_debug("window of %zu bytes needs %u segments, %u free", size, nsegs,
                   ema__seg_pool_nfree(&arena->pool));
-        nsegs = 0; /* nothing taken */
         goto exchange;
     }
+    taken = 1;
     if (win->reserved > 0) {
         local = arena->ops->reserve(arena, win->reserved, &win->base);
         if (local != EMA_SUCCESS) {
@@ -170,27 +215,28 @@ ema_status_t ema__win_allocate(ema__win_ctx_t *ctx, size_t size, const ema_win_p
         }
     }
     for (mapped = 0; mapped < nsegs; mapped++) {
-        local = arena->ops->map(arena, &ctx->exports[ctx->rank], segs[mapped],
+        ema__loc_t loc = EMA_LOC(ctx->rank, EMA_TIER_DEVICE, segs[mapped]);
+        local = arena->ops->map(arena, &ctx->exports[EMA_TIER_DEVICE][ctx->rank], segs[mapped],
                                 arena->ops->seg_handle(arena, segs[mapped]),
                                 (char *)win->base + (size_t)mapped * seg);
         if (local != EMA_SUCCESS) {
             goto exchange;
         }
-        desc->loc[mapped].rank = ctx->rank;
-        desc->loc[mapped].seg  = segs[mapped];
+        desc->loc[mapped] = loc;
     }
 
 exchange:
     /* 2. every rank learns every part, and whether any rank failed */
-    if (desc != NULL) {
-        desc->status = local;
-        desc->nsegs  = (local == EMA_SUCCESS) ? nsegs : 0;
-        desc->size   = size;
-        status = ema__xport_allgather(ctx->xp, desc, desc_len, &blobs, &lens);
-    } else {
-        status = EMA_ERR_NO_MEMORY; /* cannot even tell the others: they will hang */
+    if (desc == NULL) {
         ema_error("out of memory in a collective ema_win_allocate");
+        status = EMA_ERR_NO_MEMORY; /* cannot even tell the others */
+        goto err_unmap;
     }
+    desc->status   = local;
+    desc->nsegs    = (local == EMA_SUCCESS) ? nsegs : 0;
+    desc->max_segs = max_segs;
+    desc->size     = size;
+    status = ema__xport_allgather(ctx->xp, desc, desc_len, &blobs, &lens);
     if (status != EMA_SUCCESS) {
         goto err_unmap;
     }
@@ -198,33 +244,37 @@ exchange:
         const ema_win_desc_t *d = blobs[r];
         if (d->status != EMA_SUCCESS) {
             status = (ema_status_t)d->status;
-            if (r != ctx->rank) {
-                ema_debug("ema_win_allocate failed on rank %d: %s", r, ema_strerror(status));
-            }
             goto err_unmap;
         }
-    }
-    win->parts = calloc((size_t)(unsigned)ctx->size, sizeof(*win->parts));
-    if (win->parts == NULL) {
-        status = EMA_ERR_NO_MEMORY;
-        goto err_unmap;
     }
     for (int r = 0; r < ctx->size; r++) {
-        status = ema_win_part_set(&win->parts[r], blobs[r]);
-        if (status != EMA_SUCCESS) {
+        const ema_win_desc_t *d = blobs[r];
+        ema__win_part_t *part = &win->parts[r];
+        part->max_segs = d->max_segs;
+        part->loc      = calloc(d->max_segs ? d->max_segs : 1, sizeof(ema__loc_t));
+        if (part->loc == NULL) {
+            status = EMA_ERR_NO_MEMORY;
             goto err_unmap;
         }
+        for (uint32_t i = 0; i < d->nsegs; i++) {
+            atomic_init(&part->loc[i], d->loc[i]);
+        }
+        atomic_init(&part->size, (size_t)d->size);
+        atomic_init(&part->nsegs, d->nsegs);
+        atomic_init(&part->version, 1);
     }
     ema__xport_free_blobs(ctx->xp, blobs, lens);
     free(desc);
     free(segs);
 
     win->magic = EMA_WIN_MAGIC;
-    win->id    = ctx->next_id++;
-    win->next  = ctx->wins;
-    ctx->wins  = win;
-    *base_p    = (size > 0) ? win->base : NULL;
-    *win_p     = win;
+    pthread_mutex_lock(&ctx->lock);
+    win->id   = ctx->next_id++;
+    win->next = ctx->wins;
+    ctx->wins = win;
+    pthread_mutex_unlock(&ctx->lock);
+    *base_p = (max_size > 0) ? win->base : NULL;
+    *win_p  = win;
     return EMA_SUCCESS;
 
 err_unmap:
@@ -233,15 +283,16 @@ err_unmap:
         ema__xport_free_blobs(ctx->xp, blobs, lens);
     }
     if (win != NULL) {
-        ema_win_parts_free(ctx, win->parts);
+        ema_win_release_parts(ctx, win->parts);
         if (mapped > 0) {
             arena->ops->unmap(arena, win->base, (size_t)mapped * seg);
         }
         if (win->base != NULL) {
             arena->ops->unreserve(arena, win->base, win->reserved);
         }
+        free(win->held);
     }
-    if (local == EMA_SUCCESS && nsegs > 0) {
+    if (taken) {
         ema__seg_pool_free(&arena->pool, nsegs, segs);
     }
     free(segs);
@@ -250,10 +301,11 @@ err_unmap:
     return status;
 }
 
-ema_status_t ema__win_free(ema__win_ctx_t *ctx, ema_win_h win)
+ema_status_t ema__win_free(ema__win_ctx_t *ctx, ema_win_h win, ema__win_release_cb release,
+                           void *arg)
 {
-    ema__mem_arena_t *arena = ctx->arena;
     ema__win_part_t *own = &win->parts[ctx->rank];
+    ema__mem_arena_t *arena = ctx->tier[EMA_TIER_DEVICE];
     ema_status_t status;
 
     /* Complete our own operations, then wait until every rank has, so nobody
@@ -266,28 +318,41 @@ ema_status_t ema__win_free(ema__win_ctx_t *ctx, ema_win_h win)
     if (status != EMA_SUCCESS) {
         return status;
     }
+    pthread_mutex_lock(&win->lock);
     win->magic = EMA_WIN_MAGIC_DEAD;
+    pthread_mutex_lock(&ctx->lock);
     for (struct ema_win **pp = &ctx->wins; *pp != NULL; pp = &(*pp)->next) {
         if (*pp == win) {
             *pp = win->next;
             break;
         }
     }
-    if (own->nsegs > 0) {
-        arena->ops->unmap(arena, win->base, (size_t)own->nsegs * ctx->seg_size);
-        for (uint32_t i = 0; i < own->nsegs; i++) {
-            if (own->loc[i].rank == ctx->rank) {
-                ema__seg_pool_free(&arena->pool, 1, &own->loc[i].seg);
-            }
+    pthread_mutex_unlock(&ctx->lock);
+
+    uint32_t n = atomic_load(&own->nsegs);
+    ema__win_seg_unmap(win, 0, n);
+    for (uint32_t i = 0; i < n; i++) {
+        ema__loc_t loc = atomic_load(&own->loc[i]) & ~EMA_LOC_MOVING;
+        if (EMA_LOC_RANK(loc) == ctx->rank && EMA_LOC_TIER(loc) == EMA_TIER_DEVICE) {
+            uint32_t s = EMA_LOC_SEG(loc);
+            ema__seg_pool_free(&arena->pool, 1, &s);
+        } else {
+            release(arg, win, loc);
         }
     }
     if (win->base != NULL) {
         arena->ops->unreserve(arena, win->base, win->reserved);
     }
-    ema_win_parts_free(ctx, win->parts);
+    pthread_mutex_unlock(&win->lock);
+    pthread_mutex_destroy(&win->lock);
+    ema_win_release_parts(ctx, win->parts);
+    free(win->held);
+    win->held  = NULL;
     win->parts = NULL;
     win->base  = NULL;
+    pthread_mutex_lock(&ctx->lock);
     win->next  = ctx->dead;
     ctx->dead  = win;
+    pthread_mutex_unlock(&ctx->lock);
     return EMA_SUCCESS;
 }

@@ -1,15 +1,24 @@
 /*
- * Windows: each rank's part is a list of segments, each living in some rank's
- * arena (its own, for now).  The owner sees its part as one contiguous range
- * of address space; every rank routes put/get on (rank, offset) through the
- * part's segment table to (arena owner, arena offset) and issues UCX RMA
- * against that arena's registration.  One registration per arena, made at
- * init, so allocating a window registers nothing.
+ * Windows: each rank's part is a table of segments, each living in some
+ * rank's memory: its own arena, a lender's arena, or its own host spill
+ * tier.  The owner sees its part as one contiguous range of address space
+ * whose base never moves; every rank routes put/get on (rank, offset)
+ * through its cached copy of the part's segment table to (rank, tier, seg)
+ * and issues UCX RMA against that tier's registration.  Each tier of each
+ * rank is registered once, at init, so neither allocating nor growing a
+ * window registers memory.
+ *
+ * Cached tables are versioned.  A segment that is about to move is marked
+ * MOVING in every rank's cache (an invalidation, acknowledged once no
+ * operation to it is in flight), so no operation uses a stale location; a
+ * grown part is learned from an update message, or fetched from the owner
+ * when an offset falls past the cached size.
  */
 #ifndef EMA_WIN_H_
 #define EMA_WIN_H_
 
 #include <ema.h>
+#include <pthread.h>
 #include <stdatomic.h>
 
 #include "mem/mem.h"
@@ -18,32 +27,49 @@
 #define EMA_WIN_MAGIC      0x454d4157u /* "EMAW" */
 #define EMA_WIN_MAGIC_DEAD 0x44454144u /* "DEAD" */
 
-/* Where one segment of a window part lives. */
-typedef struct ema__seg_loc {
-    int32_t  rank; /* whose arena */
-    uint32_t seg;  /* segment index in that arena */
-} ema__seg_loc_t;
+/* Memory tiers a segment can live in. */
+enum {
+    EMA_TIER_DEVICE = 0, /* a rank's arena (its "GPU") */
+    EMA_TIER_SPILL  = 1, /* a rank's host spill tier */
+    EMA_TIER_MAX    = 2
+};
+
+/* Where one segment of a part lives, packed in 64 bits so that it is read
+ * and written atomically: rank (16) | tier (8) | flags (8) | seg (32). */
+typedef uint64_t ema__loc_t;
+#define EMA_LOC_MOVING          (1ull << 32)
+#define EMA_LOC(_rank, _tier, _seg) \
+    (((uint64_t)(uint16_t)(_rank) << 48) | ((uint64_t)(uint8_t)(_tier) << 40) | (uint64_t)(_seg))
+#define EMA_LOC_RANK(_l)        ((int)(int16_t)((_l) >> 48))
+#define EMA_LOC_TIER(_l)        ((int)(((_l) >> 40) & 0xff))
+#define EMA_LOC_SEG(_l)         ((uint32_t)(_l))
 
 typedef struct ema__win_part {
-    size_t          size;   /* bytes */
-    uint32_t        nsegs;
-    ema__seg_loc_t *loc;    /* [nsegs] */
-    int            *ranks;  /* distinct ranks holding the part (for flush) */
-    int             nranks;
+    _Atomic size_t     size;     /* bytes */
+    _Atomic uint64_t   version;
+    _Atomic uint32_t   nsegs;
+    uint32_t           max_segs;
+    _Atomic ema__loc_t *loc;     /* [max_segs], allocated once */
 } ema__win_part_t;
+
+typedef struct ema__win_stats {
+    uint64_t migrations;
+} ema__win_stats_t;
 
 /* The win layer's state, one per world. */
 typedef struct ema__win_ctx {
     ema__xport_t      *xp;
-    ema__mem_arena_t  *arena;
-    ema__xport_mr_t    arena_mr;   /* the arena of every rank, registered */
-    ema__mem_export_t *exports;    /* [size]: how to map each rank's segments */
+    ema__mem_arena_t  *tier[EMA_TIER_MAX];  /* own arena and spill tier */
+    ema__xport_mr_t    mr[EMA_TIER_MAX];    /* every rank's tiers, registered */
+    ema__mem_export_t *exports[EMA_TIER_MAX]; /* [size] each */
     int                rank;
     int                size;
     size_t             seg_size;
-    struct ema_win    *wins;       /* live windows */
-    struct ema_win    *dead;       /* freed handles, kept until finalize so a
-                                      stale handle is detected, not followed */
+    atomic_int         inflight;  /* RMA issues in progress on this rank */
+    pthread_mutex_t    lock;      /* the window list */
+    struct ema_win    *wins;      /* live windows */
+    struct ema_win    *dead;      /* freed handles, kept until finalize so a
+                                     stale handle is detected, not followed */
     uint32_t           next_id;
 } ema__win_ctx_t;
 
@@ -55,6 +81,13 @@ struct ema_win {
     size_t           reserved; /* address space reserved at base */
     ema__win_part_t *parts;    /* [size] */
     struct ema_win  *next;
+
+    /* owner side */
+    pthread_mutex_t  lock;     /* structural changes of the own part */
+    ema_reclaim_cb   reclaim_cb;
+    void            *reclaim_arg;
+    atomic_int      *held;     /* [max_segs]: ema_win_acquire counts */
+    ema__win_stats_t stats;
 };
 
 /* Request handles.  A request is either a UCX request (its user area holds
@@ -71,13 +104,25 @@ struct ema_request {
     ema__xport_t *xp;
 };
 
+extern ema__win_ctx_t *ema__win_world;
+
 ema_status_t ema__win_ctx_init(ema__win_ctx_t *ctx, ema__xport_t *xp, ema__mem_arena_t *arena,
-                               int rank, int size);
-/* Complete the setup once every rank's arena export and rkey are known. */
-ema_status_t ema__win_ctx_connect(ema__win_ctx_t *ctx, void *const *blobs, const size_t *lens);
-/* The blob this rank contributes to the modex: export + packed rkey. */
+                               ema__mem_arena_t *spill, int rank, int size);
+/* The blob this rank contributes to the modex: exports + packed rkeys. */
 ema_status_t ema__win_ctx_blob(ema__win_ctx_t *ctx, void **blob_p, size_t *len_p);
+/* Complete the setup once every rank's exports and rkeys are known. */
+ema_status_t ema__win_ctx_connect(ema__win_ctx_t *ctx, void *const *blobs, const size_t *lens);
 void         ema__win_ctx_cleanup(ema__win_ctx_t *ctx);
+
+ema_status_t ema__win_allocate(ema__win_ctx_t *ctx, size_t size, const ema_win_params_t *params,
+                               void **base_p, ema_win_h *win_p);
+/* Give back a segment that lives outside the own arena (borrowed or
+ * spilled); called by ema__win_free for each. */
+typedef void (*ema__win_release_cb)(void *arg, ema_win_h win, ema__loc_t loc);
+/* Collective: flush, barrier, then unmap and release the own part. */
+ema_status_t ema__win_free(ema__win_ctx_t *ctx, ema_win_h win, ema__win_release_cb release,
+                           void *arg);
+ema_win_h    ema__win_find(ema__win_ctx_t *ctx, uint32_t id);
 
 /* Check a handle: EMA_ERR_INVALID_HANDLE for NULL, freed or foreign handles. */
 static inline ema_status_t ema__win_check(ema_win_h win)
@@ -87,5 +132,42 @@ static inline ema_status_t ema__win_check(ema_win_h win)
     }
     return EMA_SUCCESS;
 }
+
+/* --- segment tables (win/segment_table.c) -------------------------------- */
+
+/* Map segment @loc (handle @handle) at index @idx of the own part. */
+ema_status_t ema__win_seg_map(ema_win_h win, uint32_t idx, ema__loc_t loc, int64_t handle);
+/* Replace segment @idx of the own part by @loc: copy the data into it and
+ * map it in place.  The caller has invalidated @idx everywhere. */
+ema_status_t ema__win_seg_move(ema_win_h win, uint32_t idx, ema__loc_t loc, int64_t handle);
+/* Unmap segments [first, nsegs) of the own part, keeping the reservation. */
+void         ema__win_seg_unmap(ema_win_h win, uint32_t first, uint32_t count);
+
+/* Mark [first, first+count) of @part MOVING in this rank's cache and wait
+ * until no RMA issued before is still in flight (flushes the worker). */
+ema_status_t ema__win_inval_local(ema__win_ctx_t *ctx, ema_win_h win, int part, uint32_t first,
+                                  uint32_t count);
+/* Apply an update of @part: set size, segment count and locations from
+ * @first on, if @version is newer than the cached one. */
+void         ema__win_apply_update(ema_win_h win, int part, uint64_t version, size_t size,
+                                   uint32_t nsegs, uint32_t first, uint32_t count,
+                                   const ema__loc_t *locs);
+
+/* --- coherence of cached tables (win/coherence.c) ------------------------ */
+
+void         ema__win_coherence_init(ema__win_ctx_t *ctx);
+/* Owner: mark [first, first+count) of the own part MOVING on every rank and
+ * wait for every acknowledgement.  Called from one thread at a time per
+ * window (under win->lock); runs quick deferred work while it waits. */
+ema_status_t ema__win_invalidate(ema_win_h win, uint32_t first, uint32_t count);
+/* Owner: send the own part's size and the locations [first, first+count)
+ * to every rank (after a grow, shrink or move). */
+ema_status_t ema__win_publish(ema_win_h win, uint32_t first, uint32_t count);
+/* Fetch @part's table from its owner, when an offset falls past the cached
+ * size.  Blocking; from application threads only. */
+ema_status_t ema__win_fetch(ema_win_h win, int part);
+/* Wait, progressing, until *flag becomes nonzero.  Runs quick deferred work
+ * so two ranks waiting on each other's acknowledgements cannot deadlock. */
+void         ema__win_wait_flag(ema__win_ctx_t *ctx, atomic_int *counter, int target);
 
 #endif

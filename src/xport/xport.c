@@ -183,9 +183,11 @@ ema_status_t ema__xport_create(ema__xport_t *xp, int rank, int size)
     xp->efd  = -1;
     ema__xport_coll_init(xp);
     pthread_mutex_init(&xp->defer_lock, NULL);
-    xp->defer_head = NULL;
-    xp->defer_tail = &xp->defer_head;
-    atomic_init(&xp->defer_count, 0);
+    for (int q = 0; q < 2; q++) {
+        xp->defer_head[q] = NULL;
+        xp->defer_tail[q] = &xp->defer_head[q];
+        atomic_init(&xp->defer_count[q], 0);
+    }
 
     status = ucp_config_read(NULL, NULL, &config);
     if (status != UCS_OK) {
@@ -310,10 +312,13 @@ void ema__xport_destroy(ema__xport_t *xp)
     ucp_cleanup(xp->context);
     xp->context = NULL;
     ema__xport_coll_cleanup(xp);
-    while (xp->defer_head != NULL) {
-        ema__defer_t *d = xp->defer_head;
-        xp->defer_head  = d->next;
-        free(d);
+    for (int q = 0; q < 2; q++) {
+        while (xp->defer_head[q] != NULL) {
+            ema__defer_t *d   = xp->defer_head[q];
+            xp->defer_head[q] = d->next;
+            free(d->arg); /* deferred args are malloc'ed messages */
+            free(d);
+        }
     }
     pthread_mutex_destroy(&xp->defer_lock);
 }
@@ -404,8 +409,9 @@ ema_status_t ema__xport_flush(ema__xport_t *xp)
                            "ucp_worker_flush_nbx");
 }
 
-void ema__xport_defer(ema__xport_t *xp, ema__defer_cb cb, void *arg)
+void ema__xport_defer(ema__xport_t *xp, int quick, ema__defer_cb cb, void *arg)
 {
+    int q = quick ? 0 : 1;
     ema__defer_t *d = malloc(sizeof(*d));
     if (d == NULL) {
         ema_error("out of memory queueing deferred work; running it in place");
@@ -416,34 +422,46 @@ void ema__xport_defer(ema__xport_t *xp, ema__defer_cb cb, void *arg)
     d->arg  = arg;
     d->next = NULL;
     pthread_mutex_lock(&xp->defer_lock);
-    *xp->defer_tail = d;
-    xp->defer_tail  = &d->next;
+    *xp->defer_tail[q] = d;
+    xp->defer_tail[q]  = &d->next;
     pthread_mutex_unlock(&xp->defer_lock);
-    atomic_fetch_add(&xp->defer_count, 1);
+    atomic_fetch_add(&xp->defer_count[q], 1);
     if (xp->efd >= 0) {
         ucp_worker_signal(xp->worker); /* wake a sleeping progress thread */
     }
 }
 
-int ema__xport_run_deferred(ema__xport_t *xp)
+static ema__defer_t *ema_xport_defer_pop(ema__xport_t *xp, int q)
 {
+    ema__defer_t *d;
+    if (atomic_load_explicit(&xp->defer_count[q], memory_order_acquire) == 0) {
+        return NULL;
+    }
+    pthread_mutex_lock(&xp->defer_lock);
+    d = xp->defer_head[q];
+    if (d != NULL) {
+        xp->defer_head[q] = d->next;
+        if (xp->defer_head[q] == NULL) {
+            xp->defer_tail[q] = &xp->defer_head[q];
+        }
+        atomic_fetch_sub(&xp->defer_count[q], 1);
+    }
+    pthread_mutex_unlock(&xp->defer_lock);
+    return d;
+}
+
+int ema__xport_run_deferred(ema__xport_t *xp, int quick_only)
+{
+    ema__defer_t *d;
     int n = 0;
 
-    while (atomic_load_explicit(&xp->defer_count, memory_order_acquire) > 0) {
-        pthread_mutex_lock(&xp->defer_lock);
-        ema__defer_t *d = xp->defer_head;
-        if (d != NULL) {
-            xp->defer_head = d->next;
-            if (xp->defer_head == NULL) {
-                xp->defer_tail = &xp->defer_head;
-            }
-        }
-        pthread_mutex_unlock(&xp->defer_lock);
-        if (d == NULL) {
-            break;
-        }
-        atomic_fetch_sub(&xp->defer_count, 1);
+    while ((d = ema_xport_defer_pop(xp, 0)) != NULL) {
         d->cb(d->arg);
+        free(d);
+        n++;
+    }
+    if (!quick_only && (d = ema_xport_defer_pop(xp, 1)) != NULL) {
+        d->cb(d->arg); /* one long job per call, so quick ones are not starved */
         free(d);
         n++;
     }

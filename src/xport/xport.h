@@ -76,11 +76,13 @@ typedef struct ema__xport {
     uint64_t         coll_seq;
     ema__coll_slot_t coll_slot[2];
 
-    /* deferred work queue (FIFO) */
+    /* deferred work: [0] quick jobs (bounded local waits, e.g. answering an
+     * invalidation), [1] long jobs (migrations).  Any waiting loop may run
+     * quick jobs; only the progress engine's top level runs long ones. */
     pthread_mutex_t  defer_lock;
-    ema__defer_t    *defer_head;
-    ema__defer_t   **defer_tail;
-    atomic_int       defer_count;
+    ema__defer_t    *defer_head[2];
+    ema__defer_t   **defer_tail[2];
+    atomic_int       defer_count[2];
 
     char             transports[256]; /* as UCX reports them, for ema_info */
 } ema__xport_t;
@@ -121,9 +123,12 @@ static inline unsigned ema__xport_progress(ema__xport_t *xp)
     return ucp_worker_progress(xp->worker);
 }
 
-/* Run queued deferred work; returns how many items ran. */
-int  ema__xport_run_deferred(ema__xport_t *xp);
-void ema__xport_defer(ema__xport_t *xp, ema__defer_cb cb, void *arg);
+/* Run queued deferred work (quick jobs, then long ones unless quick_only);
+ * returns how many items ran. */
+int  ema__xport_run_deferred(ema__xport_t *xp, int quick_only);
+/* Queue @cb(@arg) to run outside UCX callbacks.  Quick jobs must not wait
+ * on remote peers. */
+void ema__xport_defer(ema__xport_t *xp, int quick, ema__defer_cb cb, void *arg);
 
 /* Wait for a UCX request to complete (progressing), free it, map the status. */
 ema_status_t ema__xport_wait(ema__xport_t *xp, ucs_status_ptr_t sp, const char *what);

@@ -1,0 +1,348 @@
+/* Public calls of elastic windows: grow, shrink, reclaim, acquire, stats. */
+#include "pool.h"
+
+#include "util/log.h"
+#include "util/state.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static ema_status_t ema_pool_check(ema_win_h win)
+{
+    ema_status_t status = ema__check_ready();
+    if (status != EMA_SUCCESS) {
+        return status;
+    }
+    return ema__win_check(win);
+}
+
+static void ema_pool_release_cb(void *arg, ema_win_h win, ema__loc_t loc)
+{
+    ema__pool_release_loc(arg, loc);
+}
+
+EMA_EXPORT ema_status_t ema_win_free(ema_win_h win)
+{
+    ema_status_t status = ema_pool_check(win);
+    if (status != EMA_SUCCESS) {
+        return status;
+    }
+    return ema__win_free(win->ctx, win, ema_pool_release_cb, ema__pool_world);
+}
+
+/* Implicit reclaim: take back up to @need segments this rank lent out and
+ * make them available to its own windows. */
+static void ema_pool_reclaim_for_self(ema__pool_t *pool, uint32_t need)
+{
+    pthread_mutex_lock(&pool->lock);
+    uint32_t lent = pool->arena->pool.nlent;
+    pthread_mutex_unlock(&pool->lock);
+    uint32_t n = need < lent ? need : lent;
+    if (n == 0) {
+        return;
+    }
+    uint64_t timeout_ms = (uint64_t)(pool->cfg.reclaim_timeout * 1e3);
+    ema_status_t status = ema__pool_reclaim(pool, n, timeout_ms);
+    if (status != EMA_SUCCESS && status != EMA_ERR_TIMEOUT) {
+        return; /* nothing was withheld */
+    }
+    pthread_mutex_lock(&pool->lock);
+    pool->withheld -= n; /* what came back is ours to use */
+    pthread_mutex_unlock(&pool->lock);
+}
+
+EMA_EXPORT ema_status_t ema_win_grow(ema_win_h win, size_t new_size)
+{
+    ema__pool_t *pool = ema__pool_world;
+    ema_status_t status = ema_pool_check(win);
+    if (status != EMA_SUCCESS) {
+        return status;
+    }
+    ema__win_ctx_t *ctx   = win->ctx;
+    ema__win_part_t *part = &win->parts[ctx->rank];
+    size_t seg = ctx->seg_size;
+    if (new_size > win->reserved || new_size < atomic_load(&part->size)) {
+        return EMA_ERR_INVALID_PARAM;
+    }
+
+    /* Find the memory first, without holding the window: reclaiming and
+     * borrowing wait on peers, whose migrations may need this window. */
+    uint32_t cur  = atomic_load(&part->nsegs);
+    uint32_t want = (uint32_t)((new_size + seg - 1) / seg) - cur;
+    ema__loc_t *locs = calloc(want ? want : 1, sizeof(*locs));
+    int64_t *handles = calloc(want ? want : 1, sizeof(*handles));
+    uint32_t got = 0;
+    if (locs == NULL || handles == NULL) {
+        status = EMA_ERR_NO_MEMORY;
+        goto out;
+    }
+    got = ema__pool_acquire_segs(pool, want, -1, EMA_POOL_FROM_LOCAL, locs, handles);
+    if (got < want) {
+        ema_pool_reclaim_for_self(pool, want - got);
+        got += ema__pool_acquire_segs(pool, want - got, -1, EMA_POOL_FROM_ANY, locs + got,
+                                      handles + got);
+    }
+    if (got < want) {
+        ema_debug("grow of window %u to %zu bytes: found %u of %u segments", win->id,
+                  new_size, got, want);
+        status = EMA_ERR_NO_MEMORY;
+        goto err_release;
+    }
+
+    pthread_mutex_lock(&win->lock);
+    if (atomic_load(&part->nsegs) != cur) {
+        /* another thread grew or shrank meanwhile: calls on one window's
+         * size must not race (ema(7)) */
+        pthread_mutex_unlock(&win->lock);
+        status = EMA_ERR_STATE;
+        goto err_release;
+    }
+    for (uint32_t i = 0; i < want; i++) {
+        status = ema__win_seg_map(win, cur + i, locs[i], handles[i]);
+        if (status != EMA_SUCCESS) {
+            ema__win_seg_unmap(win, cur, i);
+            pthread_mutex_unlock(&win->lock);
+            goto err_release;
+        }
+        atomic_store(&part->loc[cur + i], locs[i]);
+    }
+    atomic_store(&part->nsegs, cur + want);
+    atomic_store(&part->size, new_size);
+    status = ema__win_publish(win, cur, want);
+    pthread_mutex_unlock(&win->lock);
+    goto out;
+
+err_release:
+    for (uint32_t i = 0; i < got; i++) {
+        ema__pool_release_loc(pool, locs[i]);
+    }
+out:
+    free(locs);
+    free(handles);
+    return status;
+}
+
+EMA_EXPORT ema_status_t ema_win_shrink(ema_win_h win, size_t new_size)
+{
+    ema__pool_t *pool = ema__pool_world;
+    ema_status_t status = ema_pool_check(win);
+    if (status != EMA_SUCCESS) {
+        return status;
+    }
+    ema__win_ctx_t *ctx   = win->ctx;
+    ema__win_part_t *part = &win->parts[ctx->rank];
+    size_t seg = ctx->seg_size;
+    if (new_size > atomic_load(&part->size)) {
+        return EMA_ERR_INVALID_PARAM;
+    }
+
+    pthread_mutex_lock(&win->lock);
+    uint32_t cur  = atomic_load(&part->nsegs);
+    uint32_t keep = (uint32_t)((new_size + seg - 1) / seg);
+    uint32_t drop = cur - keep;
+    ema__loc_t *old = calloc(drop ? drop : 1, sizeof(*old));
+    if (old == NULL) {
+        pthread_mutex_unlock(&win->lock);
+        return EMA_ERR_NO_MEMORY;
+    }
+    if (drop > 0) {
+        /* nobody may use the dropped segments any more */
+        status = ema__win_invalidate(win, keep, drop);
+        if (status != EMA_SUCCESS) {
+            pthread_mutex_unlock(&win->lock);
+            free(old);
+            return status;
+        }
+        for (uint32_t i = 0; i < drop; i++) {
+            old[i] = atomic_load(&part->loc[keep + i]) & ~EMA_LOC_MOVING;
+        }
+        ema__win_seg_unmap(win, keep, drop);
+    }
+    atomic_store(&part->size, new_size);
+    atomic_store(&part->nsegs, keep);
+    status = ema__win_publish(win, keep, 0);
+    pthread_mutex_unlock(&win->lock);
+    for (uint32_t i = 0; i < drop; i++) {
+        ema__pool_release_loc(pool, old[i]);
+    }
+    free(old);
+
+    /* What stays should live locally where there is room: bring spilled
+     * segments home first, then borrowed ones. */
+    for (int tier_pass = 0; tier_pass < 2 && status == EMA_SUCCESS; tier_pass++) {
+        pthread_mutex_lock(&win->lock);
+        for (uint32_t i = 0; i < keep; i++) {
+            ema__loc_t l = atomic_load(&part->loc[i]);
+            int spilled  = EMA_LOC_TIER(l) == EMA_TIER_SPILL;
+            int borrowed = !spilled && EMA_LOC_RANK(l) != ctx->rank;
+            if ((tier_pass == 0 && !spilled) || (tier_pass == 1 && !borrowed)) {
+                continue;
+            }
+            ema__loc_t loc;
+            int64_t handle;
+            if (ema__pool_acquire_segs(pool, 1, -1, EMA_POOL_FROM_LOCAL, &loc, &handle) != 1) {
+                break; /* no local room left */
+            }
+            if (ema__pool_migrate(pool, win, i, -1, loc, handle) != EMA_SUCCESS) {
+                break;
+            }
+        }
+        pthread_mutex_unlock(&win->lock);
+    }
+    return status;
+}
+
+EMA_EXPORT ema_status_t ema_reclaim(size_t bytes, uint64_t timeout_ms)
+{
+    ema_status_t status = ema__check_ready();
+    if (status != EMA_SUCCESS) {
+        return status;
+    }
+    ema__pool_t *pool = ema__pool_world;
+    size_t seg = pool->win->seg_size;
+    if (bytes == 0 || bytes > pool->arena->capacity) {
+        return EMA_ERR_INVALID_PARAM;
+    }
+    return ema__pool_reclaim(pool, (uint32_t)((bytes + seg - 1) / seg), timeout_ms);
+}
+
+EMA_EXPORT ema_status_t ema_reclaim_release(size_t bytes)
+{
+    ema_status_t status = ema__check_ready();
+    if (status != EMA_SUCCESS) {
+        return status;
+    }
+    ema__pool_t *pool = ema__pool_world;
+    size_t seg = pool->win->seg_size;
+    uint32_t n = (uint32_t)((bytes + seg - 1) / seg);
+    pthread_mutex_lock(&pool->lock);
+    if (bytes == 0 || n > pool->withheld) {
+        status = EMA_ERR_INVALID_PARAM;
+    } else {
+        pool->withheld -= n;
+    }
+    pthread_mutex_unlock(&pool->lock);
+    return status;
+}
+
+EMA_EXPORT ema_status_t ema_win_set_reclaim_cb(ema_win_h win, ema_reclaim_cb cb, void *arg)
+{
+    ema_status_t status = ema_pool_check(win);
+    if (status != EMA_SUCCESS) {
+        return status;
+    }
+    pthread_mutex_lock(&win->lock); /* migrations read it under the lock */
+    win->reclaim_cb  = cb;
+    win->reclaim_arg = cb ? arg : NULL;
+    pthread_mutex_unlock(&win->lock);
+    return EMA_SUCCESS;
+}
+
+static ema_status_t ema_pool_hold(ema_win_h win, size_t offset, size_t len, int delta)
+{
+    ema_status_t status = ema_pool_check(win);
+    if (status != EMA_SUCCESS) {
+        return status;
+    }
+    ema__win_part_t *part = &win->parts[win->ctx->rank];
+    size_t seg = win->ctx->seg_size, size = atomic_load(&part->size);
+    if (len == 0) {
+        return EMA_ERR_INVALID_PARAM;
+    }
+    if (offset > size || len > size - offset) {
+        return EMA_ERR_RANGE;
+    }
+    uint32_t first = (uint32_t)(offset / seg), last = (uint32_t)((offset + len - 1) / seg);
+    if (delta < 0) {
+        for (uint32_t i = first; i <= last; i++) {
+            if (atomic_load(&win->held[i]) <= 0) {
+                return EMA_ERR_INVALID_PARAM; /* not acquired: change nothing */
+            }
+        }
+    }
+    for (uint32_t i = first; i <= last; i++) {
+        atomic_fetch_add(&win->held[i], delta);
+    }
+    return EMA_SUCCESS;
+}
+
+EMA_EXPORT ema_status_t ema_win_acquire(ema_win_h win, size_t offset, size_t len)
+{
+    return ema_pool_hold(win, offset, len, 1);
+}
+
+EMA_EXPORT ema_status_t ema_win_release(ema_win_h win, size_t offset, size_t len)
+{
+    return ema_pool_hold(win, offset, len, -1);
+}
+
+EMA_EXPORT ema_status_t ema_win_stat(ema_win_h win, ema_win_stat_t *stat_p)
+{
+    ema_status_t status = ema_pool_check(win);
+    if (status != EMA_SUCCESS) {
+        return status;
+    }
+    if (stat_p == NULL) {
+        return EMA_ERR_INVALID_PARAM;
+    }
+    ema__win_ctx_t *ctx   = win->ctx;
+    ema__win_part_t *part = &win->parts[ctx->rank];
+    ema_win_stat_t st;
+    memset(&st, 0, sizeof(st));
+    pthread_mutex_lock(&win->lock);
+    uint32_t n = atomic_load(&part->nsegs);
+    st.size     = atomic_load(&part->size);
+    st.max_size = win->reserved;
+    for (uint32_t i = 0; i < n; i++) {
+        ema__loc_t l = atomic_load(&part->loc[i]);
+        size_t bytes = ctx->seg_size;
+        if (i == n - 1 && st.size % ctx->seg_size) {
+            bytes = st.size % ctx->seg_size; /* the part's bytes, not the segment's */
+        }
+        if (EMA_LOC_TIER(l) == EMA_TIER_SPILL) {
+            st.bytes_spilled += bytes;
+        } else if (EMA_LOC_RANK(l) == ctx->rank) {
+            st.bytes_local += bytes;
+        } else {
+            st.bytes_borrowed += bytes;
+        }
+    }
+    st.migrations = win->stats.migrations;
+    pthread_mutex_unlock(&win->lock);
+    *stat_p = st;
+    return EMA_SUCCESS;
+}
+
+EMA_EXPORT ema_status_t ema_mem_stat(ema_mem_stat_t *stat_p)
+{
+    ema_status_t status = ema__check_ready();
+    if (status != EMA_SUCCESS) {
+        return status;
+    }
+    if (stat_p == NULL) {
+        return EMA_ERR_INVALID_PARAM;
+    }
+    ema__pool_t *pool = ema__pool_world;
+    size_t seg = pool->win->seg_size;
+    ema__seg_pool_t *sp = &pool->arena->pool;
+    ema_mem_stat_t st;
+    memset(&st, 0, sizeof(st));
+    pthread_mutex_lock(&pool->lock);
+    pthread_mutex_lock(&sp->lock);
+    st.capacity       = pool->arena->capacity;
+    st.reserve        = (size_t)pool->reserve_segs * seg;
+    st.bytes_free     = (size_t)sp->nfree * seg;
+    st.bytes_lent     = (size_t)sp->nlent * seg;
+    st.bytes_used     = (size_t)(sp->nsegs - sp->nfree - sp->nlent) * seg;
+    st.bytes_withheld = (size_t)pool->withheld * seg;
+    pthread_mutex_unlock(&sp->lock);
+    pthread_mutex_unlock(&pool->lock);
+    st.bytes_borrowed  = (size_t)atomic_load(&pool->borrowed_segs) * seg;
+    st.bytes_spilled   = (size_t)atomic_load(&pool->spilled_segs) * seg;
+    st.reclaims        = atomic_load(&pool->reclaims);
+    st.bytes_migrated  = atomic_load(&pool->bytes_migrated);
+    st.reclaim_last_us = pool->reclaim_last_us;
+    st.reclaim_max_us  = pool->reclaim_max_us;
+    *stat_p = st;
+    return EMA_SUCCESS;
+}

@@ -1,0 +1,669 @@
+/*
+ * The lending protocol (active messages on EMA_AM_POOL).
+ *
+ * Borrow (B grows a window past its free memory; L is the next lender in
+ * B's lender order):
+ *   B --BORROW(n, tok)--> L   L takes up to n free, prefaulted, lendable
+ *                             segments, marks them lent to B
+ *   B <--GRANT(k, segs, handles, left)-- L
+ *   B maps each segment into its window and publishes the new table
+ *
+ * Give back (B shrinks, frees a window, or moved the data elsewhere):
+ *   B --GIVEBACK(segs)--> L   L marks them free
+ *
+ * Reclaim (L wants its memory: ema_reclaim, or its own window grows):
+ *   L --RECALL(segs)--> B     B, in its progress thread, for each segment:
+ *                             1. picks new memory: its own free memory,
+ *                                else another lender, else its spill tier
+ *                             2. calls the window's reclaim callback, waits
+ *                                for ema_win_acquire holds to be released
+ *                             3. invalidates the segment on every rank
+ *                                (win/coherence.c), copies it, maps the new
+ *                                memory at the same address, publishes
+ *   L <--GIVEBACK(segs)-- B
+ *   L waits for every GIVEBACK, or for its timeout.
+ */
+#include "pool.h"
+
+#include "util/log.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+enum {
+    EMA_POOL_MSG_BORROW = 1,
+    EMA_POOL_MSG_GRANT,
+    EMA_POOL_MSG_GIVEBACK,
+    EMA_POOL_MSG_RECALL
+};
+
+typedef struct {
+    uint32_t type;
+    uint32_t count;
+    uint64_t token;
+    uint64_t left;   /* GRANT: lendable segments the lender has left */
+    /* GRANT: count x uint32 segs, count x int64 handles; GIVEBACK/RECALL:
+     * count x uint32 segs */
+} ema_pool_msg_t;
+
+typedef struct {
+    atomic_int done;
+    uint32_t   want;
+    uint32_t   count;
+    uint32_t  *segs;
+    int64_t   *handles;
+} ema_pool_waiter_t;
+
+typedef struct {
+    ema__pool_t   *pool;
+    int            src;
+    ema_pool_msg_t msg;
+    uint32_t       segs[];
+} ema_pool_job_t;
+
+ema__pool_t *ema__pool_world;
+
+static double ema_pool_now_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec / 1e3;
+}
+
+static ema_status_t ema_pool_send(ema__pool_t *pool, int peer, const ema_pool_msg_t *m,
+                                  const void *payload, size_t plen)
+{
+    char *buf = malloc(sizeof(*m) + plen);
+    if (buf == NULL) {
+        return EMA_ERR_NO_MEMORY;
+    }
+    memcpy(buf, m, sizeof(*m));
+    if (plen) {
+        memcpy(buf + sizeof(*m), payload, plen);
+    }
+    ema_status_t status = ema__xport_am_send(pool->xp, peer, EMA_AM_POOL, buf, sizeof(*m) + plen);
+    free(buf);
+    return status;
+}
+
+/* Lendable now: free segments beyond the reserve and the withheld ones.
+ * Called with pool->lock held. */
+static uint32_t ema_pool_lendable_locked(ema__pool_t *pool)
+{
+    uint32_t nfree = ema__seg_pool_nfree(&pool->arena->pool);
+    uint32_t keep  = pool->reserve_segs + pool->withheld;
+    return nfree > keep ? nfree - keep : 0;
+}
+
+/* --- lender side ---------------------------------------------------------- */
+
+static void ema_pool_grant(ema__pool_t *pool, int src, const ema_pool_msg_t *req)
+{
+    uint32_t want = req->count, k;
+    ema_pool_msg_t m;
+
+    pthread_mutex_lock(&pool->lock);
+    k = ema_pool_lendable_locked(pool);
+    k = (k < want) ? k : want;
+    uint32_t *segs   = malloc(sizeof(uint32_t) * (k ? k : 1));
+    int64_t *handles = malloc(sizeof(int64_t) * (k ? k : 1));
+    if (segs == NULL || handles == NULL ||
+        ema__seg_pool_alloc(&pool->arena->pool, k, EMA_SEG_LENT, segs) != EMA_SUCCESS) {
+        k = 0;
+    }
+    for (uint32_t i = 0; i < k; i++) {
+        pool->lent_to[segs[i]] = (int16_t)src;
+        handles[i] = pool->arena->ops->seg_handle(pool->arena, segs[i]);
+    }
+    uint64_t left = ema_pool_lendable_locked(pool);
+    pthread_mutex_unlock(&pool->lock);
+
+    memset(&m, 0, sizeof(m));
+    m.type  = EMA_POOL_MSG_GRANT;
+    m.count = k;
+    m.token = req->token;
+    m.left  = left;
+    size_t plen = (size_t)k * (sizeof(uint32_t) + sizeof(int64_t));
+    char *payload = malloc(plen ? plen : 1);
+    if (payload != NULL) {
+        memcpy(payload, segs, (size_t)k * sizeof(uint32_t));
+        memcpy(payload + (size_t)k * sizeof(uint32_t), handles, (size_t)k * sizeof(int64_t));
+    }
+    if (payload == NULL || ema_pool_send(pool, src, &m, payload, plen) != EMA_SUCCESS) {
+        ema_error("cannot answer a borrow request from rank %d", src);
+    }
+    free(payload);
+    free(segs);
+    free(handles);
+}
+
+static void ema_pool_take_back(ema__pool_t *pool, int src, uint32_t count, const uint32_t *segs)
+{
+    int recalled = 0;
+
+    pthread_mutex_lock(&pool->lock);
+    for (uint32_t i = 0; i < count; i++) {
+        uint32_t s = segs[i];
+        if (s >= pool->arena->pool.nsegs || pool->lent_to[s] != src) {
+            ema_error("rank %d gives back segment %u it does not hold", src, s);
+            continue;
+        }
+        pool->lent_to[s] = -1;
+        if (pool->recalling[s]) {
+            pool->recalling[s] = 0;
+            recalled++;
+        }
+        ema__seg_pool_free(&pool->arena->pool, 1, &s);
+    }
+    pthread_mutex_unlock(&pool->lock);
+    atomic_fetch_sub(&pool->recall_pending, recalled);
+}
+
+/* --- borrower side ------------------------------------------------------- */
+
+static void ema_pool_recall_job(void *arg);
+
+static void ema_pool_borrow_job(void *arg)
+{
+    ema_pool_job_t *job = arg;
+    ema_pool_grant(job->pool, job->src, &job->msg);
+    free(job);
+}
+
+static void ema_pool_am(void *arg, int src, const void *data, size_t len)
+{
+    ema__pool_t *pool = arg;
+    ema_pool_msg_t m;
+
+    if (len < sizeof(m)) {
+        ema_error("short pool message from rank %d", src);
+        return;
+    }
+    memcpy(&m, data, sizeof(m));
+    const char *payload = (const char *)data + sizeof(m);
+    size_t plen = len - sizeof(m);
+
+    switch (m.type) {
+    case EMA_POOL_MSG_GRANT: {
+        ema_pool_waiter_t *w = (ema_pool_waiter_t *)(uintptr_t)m.token;
+        uint32_t k = m.count;
+        if (plen < (size_t)k * (sizeof(uint32_t) + sizeof(int64_t)) || k > w->want) {
+            ema_error("malformed grant from rank %d", src);
+            k = 0;
+        }
+        memcpy(w->segs, payload, (size_t)k * sizeof(uint32_t));
+        memcpy(w->handles, payload + (size_t)k * sizeof(uint32_t), (size_t)k * sizeof(int64_t));
+        w->count = k;
+        atomic_store(&pool->peer_lendable[src], m.left);
+        atomic_store(&w->done, 1);
+        break;
+    }
+    case EMA_POOL_MSG_GIVEBACK:
+        if (plen >= (size_t)m.count * sizeof(uint32_t)) {
+            ema_pool_take_back(pool, src, m.count, (const uint32_t *)payload);
+        }
+        break;
+    case EMA_POOL_MSG_BORROW:
+    case EMA_POOL_MSG_RECALL: {
+        /* Both send messages: not from inside a UCX callback.  A borrow is a
+         * quick job; a recall migrates data and waits on peers: a long one. */
+        size_t n = (m.type == EMA_POOL_MSG_RECALL) ? m.count : 0;
+        if (plen < n * sizeof(uint32_t)) {
+            ema_error("malformed pool message from rank %d", src);
+            return;
+        }
+        ema_pool_job_t *job = malloc(sizeof(*job) + n * sizeof(uint32_t));
+        if (job == NULL) {
+            ema_error("out of memory handling a pool message from rank %d", src);
+            return;
+        }
+        job->pool = pool;
+        job->src  = src;
+        job->msg  = m;
+        memcpy(job->segs, payload, n * sizeof(uint32_t));
+        if (m.type == EMA_POOL_MSG_BORROW) {
+            ema__xport_defer(pool->xp, 1, ema_pool_borrow_job, job);
+        } else {
+            ema__xport_defer(pool->xp, 0, ema_pool_recall_job, job);
+        }
+        break;
+    }
+    default:
+        ema_error("unknown pool message %u from rank %d", m.type, src);
+    }
+}
+
+/* Ask @lender for up to @want segments; returns how many it granted. */
+static uint32_t ema_pool_borrow_from(ema__pool_t *pool, int lender, uint32_t want,
+                                     uint32_t *segs, int64_t *handles)
+{
+    ema_pool_waiter_t w;
+    ema_pool_msg_t m;
+
+    atomic_init(&w.done, 0);
+    w.want    = want;
+    w.count   = 0;
+    w.segs    = segs;
+    w.handles = handles;
+    memset(&m, 0, sizeof(m));
+    m.type  = EMA_POOL_MSG_BORROW;
+    m.count = want;
+    m.token = (uint64_t)(uintptr_t)&w;
+    if (ema_pool_send(pool, lender, &m, NULL, 0) != EMA_SUCCESS) {
+        return 0;
+    }
+    ema__win_wait_flag(pool->win, &w.done, 1);
+    return w.count;
+}
+
+void ema__pool_giveback(ema__pool_t *pool, int lender, uint32_t count, const uint32_t *segs)
+{
+    ema_pool_msg_t m;
+    memset(&m, 0, sizeof(m));
+    m.type  = EMA_POOL_MSG_GIVEBACK;
+    m.count = count;
+    if (ema_pool_send(pool, lender, &m, segs, (size_t)count * sizeof(uint32_t)) != EMA_SUCCESS) {
+        ema_error("cannot give %u segments back to rank %d", count, lender);
+    }
+}
+
+/* Peers in the order to ask them for memory: the static topology order
+ * (link bandwidth) when there is one, then the most lendable memory last
+ * heard of, then the nearest rank. */
+static int ema_pool_order(ema__pool_t *pool, int exclude, int *order)
+{
+    int n = 0;
+    if (pool->topo_order != NULL) {
+        for (int i = 0; i < pool->size - 1; i++) {
+            if (pool->topo_order[i] != exclude) {
+                order[n++] = pool->topo_order[i];
+            }
+        }
+        return n;
+    }
+    for (int r = 0; r < pool->size; r++) {
+        if (r != pool->rank && r != exclude) {
+            order[n++] = r;
+        }
+    }
+    for (int i = 1; i < n; i++) { /* insertion sort: small worlds */
+        int r = order[i], j = i;
+        uint64_t lr = atomic_load(&pool->peer_lendable[r]);
+        int dr = abs(r - pool->rank);
+        while (j > 0) {
+            int q = order[j - 1];
+            uint64_t lq = atomic_load(&pool->peer_lendable[q]);
+            if (lq > lr || (lq == lr && abs(q - pool->rank) <= dr)) {
+                break;
+            }
+            order[j] = q;
+            j--;
+        }
+        order[j] = r;
+    }
+    return n;
+}
+
+/*
+ * Find memory for @want segments: the own arena (free, not withheld), then
+ * peers in lender order (never @exclude), then the spill tier.  Fills locs
+ * and handles; returns how many were found.
+ */
+uint32_t ema__pool_acquire_segs(ema__pool_t *pool, uint32_t want, int exclude, unsigned sources,
+                                ema__loc_t *locs, int64_t *handles)
+{
+    uint32_t got = 0, n;
+    uint32_t *segs = malloc(sizeof(uint32_t) * (want ? want : 1));
+    int *order = malloc(sizeof(int) * (size_t)(pool->size > 1 ? pool->size : 1));
+
+    if (segs == NULL || order == NULL) {
+        goto out;
+    }
+    /* 1. own free memory */
+    if (!(sources & EMA_POOL_FROM_LOCAL)) {
+        goto peers;
+    }
+    pthread_mutex_lock(&pool->lock);
+    uint32_t nfree = ema__seg_pool_nfree(&pool->arena->pool);
+    n = nfree > pool->withheld ? nfree - pool->withheld : 0;
+    n = n < want ? n : want;
+    if (n > 0 && ema__seg_pool_alloc(&pool->arena->pool, n, EMA_SEG_USED, segs) == EMA_SUCCESS) {
+        for (uint32_t i = 0; i < n; i++) {
+            locs[got]    = EMA_LOC(pool->rank, EMA_TIER_DEVICE, segs[i]);
+            handles[got] = pool->arena->ops->seg_handle(pool->arena, segs[i]);
+            got++;
+        }
+    }
+    pthread_mutex_unlock(&pool->lock);
+
+peers:
+    /* 2. peers, best first */
+    if (!(sources & EMA_POOL_FROM_PEERS)) {
+        goto spill;
+    }
+    int npeers = ema_pool_order(pool, exclude, order);
+    for (int i = 0; i < npeers && got < want; i++) {
+        n = ema_pool_borrow_from(pool, order[i], want - got, segs, handles + got);
+        for (uint32_t k = 0; k < n; k++) {
+            locs[got + k] = EMA_LOC(order[i], EMA_TIER_DEVICE, segs[k]);
+        }
+        got += n;
+        atomic_fetch_add(&pool->borrowed_segs, n);
+    }
+
+spill:
+    /* 3. the host spill tier */
+    if (got < want && pool->spill != NULL && (sources & EMA_POOL_FROM_SPILL)) {
+        n = ema__seg_pool_nfree(&pool->spill->pool);
+        n = n < want - got ? n : want - got;
+        if (n > 0 && ema__seg_pool_alloc(&pool->spill->pool, n, EMA_SEG_USED, segs) ==
+                         EMA_SUCCESS) {
+            for (uint32_t i = 0; i < n; i++) {
+                locs[got]    = EMA_LOC(pool->rank, EMA_TIER_SPILL, segs[i]);
+                handles[got] = pool->spill->ops->seg_handle(pool->spill, segs[i]);
+                got++;
+            }
+            atomic_fetch_add(&pool->spilled_segs, n);
+        }
+    }
+out:
+    free(segs);
+    free(order);
+    return got;
+}
+
+/* Give back the memory behind @loc, wherever it is. */
+void ema__pool_release_loc(ema__pool_t *pool, ema__loc_t loc)
+{
+    uint32_t s = EMA_LOC_SEG(loc);
+    int r = EMA_LOC_RANK(loc);
+
+    if (EMA_LOC_TIER(loc) == EMA_TIER_SPILL) {
+        ema__seg_pool_free(&pool->spill->pool, 1, &s);
+        atomic_fetch_sub(&pool->spilled_segs, 1);
+    } else if (r == pool->rank) {
+        pthread_mutex_lock(&pool->lock);
+        ema__seg_pool_free(&pool->arena->pool, 1, &s);
+        pthread_mutex_unlock(&pool->lock);
+    } else {
+        ema__pool_giveback(pool, r, 1, &s);
+        atomic_fetch_sub(&pool->borrowed_segs, 1);
+    }
+}
+
+/*
+ * Move segment @idx of @win's own part to other memory (never @exclude's).
+ * Called with win->lock held, from the progress thread (recall) or the
+ * owner (shrink).  The old memory is released unless @keep_old.
+ */
+ema_status_t ema__pool_migrate(ema__pool_t *pool, ema_win_h win, uint32_t idx, int exclude,
+                               ema__loc_t target, int64_t target_handle)
+{
+    ema__win_part_t *part = &win->parts[pool->rank];
+    size_t seg = pool->win->seg_size;
+    ema__loc_t old = atomic_load(&part->loc[idx]) & ~EMA_LOC_MOVING, loc = target;
+    int64_t handle = target_handle;
+    ema_status_t status;
+
+    if (loc == 0 && ema__pool_acquire_segs(pool, 1, exclude, EMA_POOL_FROM_ANY, &loc,
+                                           &handle) != 1) {
+        ema_error("no memory anywhere to move segment %u of window %u", idx, win->id);
+        return EMA_ERR_NO_MEMORY;
+    }
+    if (win->reclaim_cb != NULL) {
+        win->reclaim_cb(win, (size_t)idx * seg, seg, win->reclaim_arg);
+    }
+    /* Held with ema_win_acquire: wait for the owner to release it. */
+    while (atomic_load(&win->held[idx]) > 0) {
+        if (ema__xport_progress(pool->xp) + ema__xport_run_deferred(pool->xp, 1) == 0) {
+            ema__xport_idle(pool->xp);
+        }
+    }
+    status = ema__win_invalidate(win, idx, 1);
+    if (status == EMA_SUCCESS) {
+        status = ema__win_seg_move(win, idx, loc, handle);
+    }
+    if (status != EMA_SUCCESS) {
+        /* the old copy is intact: put it back in service */
+        atomic_store(&part->loc[idx], old);
+        ema__win_publish(win, idx, 1);
+        ema__pool_release_loc(pool, loc);
+        return status;
+    }
+    atomic_store(&part->loc[idx], loc);
+    ema__win_publish(win, idx, 1);
+    ema__pool_release_loc(pool, old);
+    atomic_fetch_add(&pool->bytes_migrated, seg);
+    return EMA_SUCCESS;
+}
+
+/* A lender wants these segments back: move the data, give them back. */
+static void ema_pool_recall_job(void *arg)
+{
+    ema_pool_job_t *job = arg;
+    ema__pool_t *pool   = job->pool;
+    ema__win_ctx_t *ctx = pool->win;
+
+    for (uint32_t k = 0; k < job->msg.count; k++) {
+        ema__loc_t want = EMA_LOC(job->src, EMA_TIER_DEVICE, job->segs[k]);
+        int moved = 0;
+        pthread_mutex_lock(&ctx->lock);
+        ema_win_h win = ctx->wins;
+        pthread_mutex_unlock(&ctx->lock);
+        for (; win != NULL && !moved; win = win->next) {
+            pthread_mutex_lock(&win->lock);
+            if (win->magic == EMA_WIN_MAGIC) {
+                ema__win_part_t *part = &win->parts[pool->rank];
+                uint32_t n = atomic_load(&part->nsegs);
+                for (uint32_t i = 0; i < n; i++) {
+                    if ((atomic_load(&part->loc[i]) & ~EMA_LOC_MOVING) == want) {
+                        /* migrate releases the old segment: the GIVEBACK */
+                        if (ema__pool_migrate(pool, win, i, job->src, 0, 0) == EMA_SUCCESS) {
+                            moved = 1;
+                        } else {
+                            moved = -1;
+                        }
+                        break;
+                    }
+                }
+            }
+            pthread_mutex_unlock(&win->lock);
+        }
+        if (moved == 0) {
+            /* Not (or no longer) in any window: it was given back already or
+             * is on its way back; nothing to move. */
+            ema_debug("recalled segment %u of rank %d is not mapped here", job->segs[k],
+                      job->src);
+        }
+    }
+    free(job);
+}
+
+/* --- lender: reclaim ------------------------------------------------------ */
+
+/*
+ * Recall lent segments until @target of them are free and withheld (in
+ * addition to those withheld already); waits up to @timeout_ms.
+ */
+ema_status_t ema__pool_reclaim(ema__pool_t *pool, uint32_t target, uint64_t timeout_ms)
+{
+    double t0 = ema_pool_now_us();
+    uint32_t nsegs = pool->arena->pool.nsegs, sent = 0;
+    ema_status_t status = EMA_SUCCESS;
+
+    pthread_mutex_lock(&pool->lock);
+    uint32_t nfree = ema__seg_pool_nfree(&pool->arena->pool);
+    uint32_t have  = nfree > pool->withheld ? nfree - pool->withheld : 0;
+    uint32_t need  = target > have ? target - have : 0;
+    if (need > pool->arena->pool.nlent) {
+        pthread_mutex_unlock(&pool->lock);
+        ema_debug("reclaim of %u segments: %u free, %u lent, the rest backs own windows",
+                  target, have, pool->arena->pool.nlent);
+        return EMA_ERR_NO_MEMORY;
+    }
+    pool->withheld += target; /* stop lending them now */
+    /* group the segments to recall by borrower */
+    uint32_t *segs = malloc(sizeof(uint32_t) * (need ? need : 1));
+    for (int b = 0; segs != NULL && b < pool->size && sent < need; b++) {
+        uint32_t n = 0;
+        for (uint32_t s = 0; s < nsegs && sent + n < need; s++) {
+            if (pool->lent_to[s] == b && !pool->recalling[s]) {
+                pool->recalling[s] = 1;
+                segs[n++] = s;
+            }
+        }
+        if (n == 0) {
+            continue;
+        }
+        atomic_fetch_add(&pool->recall_pending, (int)n);
+        pthread_mutex_unlock(&pool->lock);
+        ema_pool_msg_t m;
+        memset(&m, 0, sizeof(m));
+        m.type  = EMA_POOL_MSG_RECALL;
+        m.count = n;
+        ema_pool_send(pool, b, &m, segs, (size_t)n * sizeof(uint32_t));
+        pthread_mutex_lock(&pool->lock);
+        sent += n;
+    }
+    pthread_mutex_unlock(&pool->lock);
+    free(segs);
+
+    /* wait for the give-backs */
+    while (atomic_load(&pool->recall_pending) > 0) {
+        if (timeout_ms != EMA_TIMEOUT_INFINITE &&
+            ema_pool_now_us() - t0 > (double)timeout_ms * 1e3) {
+            status = EMA_ERR_TIMEOUT;
+            break;
+        }
+        if (ema__xport_progress(pool->xp) + ema__xport_run_deferred(pool->xp, 1) == 0) {
+            ema__xport_idle(pool->xp);
+        }
+    }
+    double us = ema_pool_now_us() - t0;
+    if (sent > 0) {
+        atomic_fetch_add(&pool->reclaims, 1);
+        pool->reclaim_last_us = us;
+        if (us > pool->reclaim_max_us) {
+            pool->reclaim_max_us = us;
+        }
+    }
+    return status;
+}
+
+/* --- setup --------------------------------------------------------------- */
+
+#define EMA_POOL_CFG(_f) offsetof(ema__pool_config_t, _f)
+static const char *ema_spill_names[] = {"none", "host", NULL};
+static const ema_config_parser_t ema_spill_parser = EMA_CONFIG_ENUM(ema_spill_names);
+
+const ema_config_field_t ema__pool_config_table[] = {
+    {"LEND_RESERVE", "0", "memory of each rank that is never lent to peers",
+     EMA_POOL_CFG(lend_reserve), &ema__config_size},
+    {"SPILL", "host",
+     "where a window grows when no peer can lend: host (a host-memory spill tier) or none",
+     EMA_POOL_CFG(spill), &ema_spill_parser},
+    {"SPILL_SIZE", "4G", "capacity of each rank's host spill tier (address space until used)",
+     EMA_POOL_CFG(spill_size), &ema__config_size},
+    {"STATS", "n", "print each rank's memory statistics at ema_finalize",
+     EMA_POOL_CFG(stats), &ema__config_bool},
+    {"RECLAIM_TIMEOUT", "10",
+     "seconds a window's grow waits for the memory it lent to come back (implicit reclaim)",
+     EMA_POOL_CFG(reclaim_timeout), &ema__config_double},
+    EMA_CONFIG_TABLE_END};
+
+static void ema_pool_prefault_job(void *arg);
+
+typedef struct {
+    ema__pool_t *pool;
+    uint32_t     next;
+} ema_pool_prefault_t;
+
+/* Fault the arena in, 8 segments a step, so that a borrow finds its memory
+ * resident (a first touch costs milliseconds per 2 MiB) while the progress
+ * thread stays responsive between steps. */
+static void ema_pool_prefault_job(void *arg)
+{
+    ema_pool_prefault_t *pf = arg;
+    ema__pool_t *pool = pf->pool;
+    uint32_t nsegs = pool->arena->pool.nsegs;
+    uint32_t n = (nsegs - pf->next < 8) ? nsegs - pf->next : 8;
+
+    if (n > 0 && pool->arena->ops->prefault != NULL) {
+        pool->arena->ops->prefault(pool->arena, pf->next, n);
+    }
+    pf->next += n;
+    if (pf->next < nsegs) {
+        ema__xport_defer(pool->xp, 0, ema_pool_prefault_job, pf);
+    } else {
+        free(pf);
+    }
+}
+
+ema_status_t ema__pool_init(ema__pool_t *pool, ema__win_ctx_t *win, ema__mem_arena_t *spill)
+{
+    uint32_t nsegs = win->tier[EMA_TIER_DEVICE]->pool.nsegs;
+
+    pool->win   = win;
+    pool->xp    = win->xp;
+    pool->arena = win->tier[EMA_TIER_DEVICE];
+    pool->spill = spill;
+    pool->rank  = win->rank;
+    pool->size  = win->size;
+    pool->reserve_segs = (uint32_t)((pool->cfg.lend_reserve + win->seg_size - 1) / win->seg_size);
+    pthread_mutex_init(&pool->lock, NULL);
+    pool->lent_to       = malloc(sizeof(int16_t) * nsegs);
+    pool->recalling     = calloc(nsegs, 1);
+    pool->peer_lendable = calloc((size_t)(unsigned)pool->size, sizeof(*pool->peer_lendable));
+    if (pool->lent_to == NULL || pool->recalling == NULL || pool->peer_lendable == NULL) {
+        ema__pool_cleanup(pool);
+        return EMA_ERR_NO_MEMORY;
+    }
+    for (uint32_t s = 0; s < nsegs; s++) {
+        pool->lent_to[s] = -1;
+    }
+    for (int r = 0; r < pool->size; r++) {
+        uint64_t cap = win->exports[EMA_TIER_DEVICE][r].capacity / win->seg_size;
+        atomic_init(&pool->peer_lendable[r], cap > pool->reserve_segs ? cap - pool->reserve_segs : 0);
+    }
+    atomic_init(&pool->recall_pending, 0);
+    ema__xport_set_am_handler(pool->xp, EMA_AM_POOL, ema_pool_am, pool);
+    ema__pool_world = pool;
+    return EMA_SUCCESS;
+}
+
+void ema__pool_start(ema__pool_t *pool)
+{
+    ema_pool_prefault_t *pf = malloc(sizeof(*pf));
+    if (pf != NULL) {
+        pf->pool = pool;
+        pf->next = 0;
+        ema__xport_defer(pool->xp, 0, ema_pool_prefault_job, pf);
+    }
+}
+
+void ema__pool_cleanup(ema__pool_t *pool)
+{
+    free(pool->lent_to);
+    free(pool->recalling);
+    free((void *)pool->peer_lendable);
+    pool->lent_to       = NULL;
+    pool->recalling     = NULL;
+    pool->peer_lendable = NULL;
+    ema__pool_world     = NULL;
+}
+
+void ema__pool_print_stats(ema__pool_t *pool, FILE *stream)
+{
+    size_t seg = pool->win->seg_size;
+    ema__seg_pool_t *sp = &pool->arena->pool;
+    fprintf(stream,
+            "[ema %d] stats: capacity %zu, free %zu, lent %zu, withheld %zu, borrowed %zu, "
+            "spilled %zu bytes; %lu reclaims (last %.0f us, max %.0f us), %lu bytes migrated\n",
+            pool->rank, pool->arena->capacity, (size_t)ema__seg_pool_nfree(sp) * seg,
+            (size_t)sp->nlent * seg, (size_t)pool->withheld * seg,
+            (size_t)atomic_load(&pool->borrowed_segs) * seg,
+            (size_t)atomic_load(&pool->spilled_segs) * seg,
+            (unsigned long)atomic_load(&pool->reclaims), pool->reclaim_last_us,
+            pool->reclaim_max_us, (unsigned long)atomic_load(&pool->bytes_migrated));
+}

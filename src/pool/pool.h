@@ -1,0 +1,83 @@
+/*
+ * The lending pool: what each rank can lend, borrowing and giving back
+ * segments, reclaiming lent segments (explicitly, or implicitly when the
+ * lender's own windows grow), and migrating a window's segments when their
+ * memory is reclaimed or freed.  Control messages travel on EMA_AM_POOL and
+ * are serviced by the progress engine.
+ */
+#ifndef EMA_POOL_H_
+#define EMA_POOL_H_
+
+#include <ema.h>
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "util/config.h"
+#include "win/win.h"
+
+typedef struct ema__pool_config {
+    size_t lend_reserve;  /* bytes never lent */
+    int    spill;         /* 0 none, 1 host */
+    size_t spill_size;    /* capacity of the host spill tier */
+    int    stats;         /* print a summary at finalize */
+    double reclaim_timeout; /* seconds, implicit reclaim */
+} ema__pool_config_t;
+
+/* Where ema__pool_acquire_segs may take memory from. */
+enum {
+    EMA_POOL_FROM_LOCAL = 1u << 0,
+    EMA_POOL_FROM_PEERS = 1u << 1,
+    EMA_POOL_FROM_SPILL = 1u << 2,
+    EMA_POOL_FROM_ANY   = 7u
+};
+
+extern const ema_config_field_t ema__pool_config_table[];
+
+typedef struct ema__pool {
+    ema__pool_config_t cfg;
+    ema__win_ctx_t    *win;
+    ema__xport_t      *xp;
+    ema__mem_arena_t  *arena;
+    ema__mem_arena_t  *spill;        /* NULL with EMA_SPILL=none */
+    int                rank;
+    int                size;
+    uint32_t           reserve_segs;
+
+    pthread_mutex_t    lock;         /* lender-side bookkeeping below */
+    int16_t           *lent_to;      /* [nsegs]: borrower of a lent segment, -1 */
+    uint8_t           *recalling;    /* [nsegs]: recall sent, not yet given back */
+    uint32_t           withheld;     /* free segments not to be lent or used */
+    atomic_int         recall_pending;
+
+    _Atomic uint64_t  *peer_lendable; /* [size]: last known, in segments */
+    const int         *topo_order;    /* [size-1] static lender order, or NULL */
+
+    /* statistics */
+    atomic_uint        borrowed_segs;
+    atomic_uint        spilled_segs;
+    _Atomic uint64_t   reclaims;
+    _Atomic uint64_t   bytes_migrated;
+    double             reclaim_last_us;
+    double             reclaim_max_us;
+} ema__pool_t;
+
+extern ema__pool_t *ema__pool_world;
+
+ema_status_t ema__pool_init(ema__pool_t *pool, ema__win_ctx_t *win, ema__mem_arena_t *spill);
+/* Start faulting in the lendable memory in the background. */
+void         ema__pool_start(ema__pool_t *pool);
+void         ema__pool_cleanup(ema__pool_t *pool);
+void         ema__pool_print_stats(ema__pool_t *pool, FILE *stream);
+
+uint32_t     ema__pool_acquire_segs(ema__pool_t *pool, uint32_t want, int exclude,
+                                    unsigned sources, ema__loc_t *locs, int64_t *handles);
+void         ema__pool_release_loc(ema__pool_t *pool, ema__loc_t loc);
+void         ema__pool_giveback(ema__pool_t *pool, int lender, uint32_t count,
+                                const uint32_t *segs);
+/* Move segment @idx of the own part of @win to @target (0: find memory,
+ * never at @exclude).  Called with win->lock held. */
+ema_status_t ema__pool_migrate(ema__pool_t *pool, ema_win_h win, uint32_t idx, int exclude,
+                               ema__loc_t target, int64_t target_handle);
+ema_status_t ema__pool_reclaim(ema__pool_t *pool, uint32_t target, uint64_t timeout_ms);
+
+#endif

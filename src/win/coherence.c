@@ -1,0 +1,279 @@
+/*
+ * Coherence of the cached segment tables (active messages on EMA_AM_WIN).
+ *
+ * Moving segment i of rank B's part (B is the owner):
+ *
+ *   B                               every other rank R
+ *   |-- INVAL(win, B, i..j, tok) -->|  mark i..j MOVING in R's cache; new
+ *   |   (B marks its own cache)     |  RMA to them waits; wait until no issue
+ *   |                               |  is in flight; flush R's worker
+ *   |<------------ ACK(tok) --------|
+ *   |  copy i..j to the new memory, map it at the same address
+ *   |-- UPDATE(win, B, version, size, locs) -->|  clears MOVING
+ *
+ * So an operation from R lands wholly in the old copy before it is copied,
+ * or wholly in the new one.  A grown part is published with UPDATE alone; a
+ * rank that sees an offset past its cached size asks the owner
+ * (TABLE_REQ/TABLE_REP) before failing with EMA_ERR_RANGE.
+ */
+#include "win.h"
+
+#include "util/log.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+enum {
+    EMA_WIN_MSG_INVAL = 1,
+    EMA_WIN_MSG_ACK,
+    EMA_WIN_MSG_UPDATE,
+    EMA_WIN_MSG_TABLE_REQ,
+    EMA_WIN_MSG_TABLE_REP
+};
+
+typedef struct {
+    uint32_t type;
+    uint32_t win_id;
+    int32_t  part;
+    uint32_t first;
+    uint32_t count;
+    uint32_t nsegs;
+    uint64_t version;
+    uint64_t size;
+    uint64_t token; /* the waiter's address, echoed back */
+    /* UPDATE / TABLE_REP: count locations follow */
+} ema_win_msg_t;
+
+typedef struct {
+    ema__win_ctx_t *ctx;
+    int             src;
+    size_t          len;
+    ema_win_msg_t   msg; /* followed by the locations */
+} ema_win_job_t;
+
+typedef struct {
+    atomic_int done;
+} ema_win_waiter_t;
+
+static ema_status_t ema_win_send(ema__win_ctx_t *ctx, int peer, const ema_win_msg_t *msg,
+                                 const ema__loc_t *locs, uint32_t nlocs)
+{
+    size_t len = sizeof(*msg) + (size_t)nlocs * sizeof(*locs);
+    char *buf  = malloc(len);
+    if (buf == NULL) {
+        return EMA_ERR_NO_MEMORY;
+    }
+    memcpy(buf, msg, sizeof(*msg));
+    if (nlocs) {
+        memcpy(buf + sizeof(*msg), locs, (size_t)nlocs * sizeof(*locs));
+    }
+    ema_status_t status = ema__xport_am_send(ctx->xp, peer, EMA_AM_WIN, buf, len);
+    free(buf);
+    return status;
+}
+
+/* Snapshot of the own part's locations [first, first+count). */
+static ema__loc_t *ema_win_snapshot(ema_win_h win, uint32_t first, uint32_t count)
+{
+    ema__win_part_t *p = &win->parts[win->ctx->rank];
+    ema__loc_t *locs   = malloc(sizeof(*locs) * (count ? count : 1));
+    for (uint32_t i = 0; locs != NULL && i < count; i++) {
+        locs[i] = atomic_load(&p->loc[first + i]);
+    }
+    return locs;
+}
+
+/* Quick jobs: run by the progress thread or any waiting loop. */
+static void ema_win_job(void *arg)
+{
+    ema_win_job_t *job  = arg;
+    ema__win_ctx_t *ctx = job->ctx;
+    ema_win_msg_t *m    = &job->msg;
+    ema_win_h win       = ema__win_find(ctx, m->win_id);
+    ema_win_msg_t reply;
+
+    memset(&reply, 0, sizeof(reply));
+    reply.win_id = m->win_id;
+    reply.part   = m->part;
+    reply.token  = m->token;
+    if (m->type == EMA_WIN_MSG_INVAL) {
+        if (win != NULL) {
+            ema__win_inval_local(ctx, win, m->part, m->first, m->count);
+        }
+        reply.type = EMA_WIN_MSG_ACK; /* acknowledge even an unknown window */
+        ema_win_send(ctx, job->src, &reply, NULL, 0);
+    } else if (m->type == EMA_WIN_MSG_TABLE_REQ) {
+        ema__loc_t *locs = NULL;
+        reply.type = EMA_WIN_MSG_TABLE_REP;
+        if (win != NULL && m->part == ctx->rank) {
+            ema__win_part_t *p = &win->parts[ctx->rank];
+            pthread_mutex_lock(&win->lock); /* a consistent table */
+            reply.version = atomic_load(&p->version);
+            reply.size    = atomic_load(&p->size);
+            reply.nsegs   = atomic_load(&p->nsegs);
+            reply.count   = reply.nsegs;
+            locs = ema_win_snapshot(win, 0, reply.count);
+            pthread_mutex_unlock(&win->lock);
+        }
+        ema_win_send(ctx, job->src, &reply, locs, locs ? reply.count : 0);
+        free(locs);
+    }
+    free(job);
+}
+
+static void ema_win_am(void *arg, int src, const void *data, size_t len)
+{
+    ema__win_ctx_t *ctx = arg;
+    ema_win_msg_t m;
+
+    if (len < sizeof(m)) {
+        ema_error("short window control message from rank %d", src);
+        return;
+    }
+    memcpy(&m, data, sizeof(m));
+    const ema__loc_t *locs = (const ema__loc_t *)((const char *)data + sizeof(m));
+    if ((m.type == EMA_WIN_MSG_UPDATE || m.type == EMA_WIN_MSG_TABLE_REP) &&
+        len < sizeof(m) + (size_t)m.count * sizeof(ema__loc_t)) {
+        ema_error("truncated window table from rank %d", src);
+        return;
+    }
+
+    switch (m.type) {
+    case EMA_WIN_MSG_ACK:
+        atomic_fetch_add(&((ema_win_waiter_t *)(uintptr_t)m.token)->done, 1);
+        break;
+    case EMA_WIN_MSG_UPDATE:
+    case EMA_WIN_MSG_TABLE_REP: {
+        ema_win_h win = ema__win_find(ctx, m.win_id);
+        if (win != NULL && m.part >= 0 && m.part < ctx->size && m.count > 0) {
+            ema__win_apply_update(win, m.part, m.version, m.size, m.nsegs, m.first, m.count,
+                                  locs);
+        } else if (win != NULL && m.part >= 0 && m.part < ctx->size) {
+            ema__win_apply_update(win, m.part, m.version, m.size, m.nsegs, 0, 0, NULL);
+        }
+        if (m.type == EMA_WIN_MSG_TABLE_REP) {
+            atomic_fetch_add(&((ema_win_waiter_t *)(uintptr_t)m.token)->done, 1);
+        }
+        break;
+    }
+    case EMA_WIN_MSG_INVAL:
+    case EMA_WIN_MSG_TABLE_REQ: {
+        /* These wait (for in-flight operations, for a consistent table):
+         * not inside a UCX callback. */
+        ema_win_job_t *job = malloc(sizeof(*job));
+        if (job == NULL) {
+            ema_error("out of memory handling a window control message");
+            return;
+        }
+        job->ctx = ctx;
+        job->src = src;
+        job->len = len;
+        job->msg = m;
+        ema__xport_defer(ctx->xp, 1, ema_win_job, job);
+        break;
+    }
+    default:
+        ema_error("unknown window control message %u from rank %d", m.type, src);
+    }
+}
+
+void ema__win_coherence_init(ema__win_ctx_t *ctx)
+{
+    ema__xport_set_am_handler(ctx->xp, EMA_AM_WIN, ema_win_am, ctx);
+}
+
+void ema__win_wait_flag(ema__win_ctx_t *ctx, atomic_int *counter, int target)
+{
+    while (atomic_load(counter) < target) {
+        unsigned n = ema__xport_progress(ctx->xp);
+        n += (unsigned)ema__xport_run_deferred(ctx->xp, 1);
+        if (n == 0) {
+            ema__xport_idle(ctx->xp);
+        }
+    }
+}
+
+ema_status_t ema__win_invalidate(ema_win_h win, uint32_t first, uint32_t count)
+{
+    ema__win_ctx_t *ctx = win->ctx;
+    ema_win_waiter_t w;
+    ema_win_msg_t m;
+    ema_status_t status;
+    int sent = 0;
+
+    atomic_init(&w.done, 0);
+    memset(&m, 0, sizeof(m));
+    m.type   = EMA_WIN_MSG_INVAL;
+    m.win_id = win->id;
+    m.part   = ctx->rank;
+    m.first  = first;
+    m.count  = count;
+    m.token  = (uint64_t)(uintptr_t)&w;
+    for (int r = 0; r < ctx->size; r++) {
+        if (r == ctx->rank) {
+            continue;
+        }
+        status = ema_win_send(ctx, r, &m, NULL, 0);
+        if (status != EMA_SUCCESS) {
+            ema__win_wait_flag(ctx, &w.done, sent); /* w must outlive replies */
+            return status;
+        }
+        sent++;
+    }
+    status = ema__win_inval_local(ctx, win, ctx->rank, first, count);
+    ema__win_wait_flag(ctx, &w.done, sent);
+    return status;
+}
+
+ema_status_t ema__win_publish(ema_win_h win, uint32_t first, uint32_t count)
+{
+    ema__win_ctx_t *ctx = win->ctx;
+    ema__win_part_t *p  = &win->parts[ctx->rank];
+    ema_status_t status = EMA_SUCCESS;
+    ema_win_msg_t m;
+
+    memset(&m, 0, sizeof(m));
+    m.type    = EMA_WIN_MSG_UPDATE;
+    m.win_id  = win->id;
+    m.part    = ctx->rank;
+    m.version = atomic_fetch_add(&p->version, 1) + 1;
+    m.size    = atomic_load(&p->size);
+    m.nsegs   = atomic_load(&p->nsegs);
+    m.first   = first;
+    m.count   = count;
+    ema__loc_t *locs = ema_win_snapshot(win, first, count);
+    if (locs == NULL) {
+        return EMA_ERR_NO_MEMORY;
+    }
+    for (int r = 0; r < ctx->size; r++) {
+        if (r != ctx->rank) {
+            ema_status_t st = ema_win_send(ctx, r, &m, locs, count);
+            status = (status == EMA_SUCCESS) ? st : status;
+        }
+    }
+    free(locs);
+    return status;
+}
+
+ema_status_t ema__win_fetch(ema_win_h win, int part)
+{
+    ema__win_ctx_t *ctx = win->ctx;
+    ema_win_waiter_t w;
+    ema_win_msg_t m;
+
+    if (part == ctx->rank) {
+        return EMA_SUCCESS; /* the owner's table is always current */
+    }
+    atomic_init(&w.done, 0);
+    memset(&m, 0, sizeof(m));
+    m.type   = EMA_WIN_MSG_TABLE_REQ;
+    m.win_id = win->id;
+    m.part   = part;
+    m.token  = (uint64_t)(uintptr_t)&w;
+    ema_status_t status = ema_win_send(ctx, part, &m, NULL, 0);
+    if (status != EMA_SUCCESS) {
+        return status;
+    }
+    ema__win_wait_flag(ctx, &w.done, 1);
+    return EMA_SUCCESS;
+}

@@ -183,6 +183,7 @@ static int ema_topo_hwloc_matrix(ema__topo_t *t, hwloc_obj_t (*objs)[3])
     struct hwloc_distances_s *d = NULL;
     unsigned nr = 1, nsw = 0;
     int *gpu_of = NULL, filled = 0;
+    double *to_sw = NULL;
 
     if (hwloc_distances_get_by_name(t->hw, "NVLinkBandwidth", &nr, &d, 0) != 0 || nr == 0) {
         return 0;
@@ -202,15 +203,17 @@ static int ema_topo_hwloc_matrix(ema__topo_t *t, hwloc_obj_t (*objs)[3])
             }
         }
     }
-    if (nsw > 0) {
 #if HWLOC_API_VERSION >= 0x00020500
-        if (hwloc_distances_transform(t->hw, d, HWLOC_DISTANCES_TRANSFORM_TRANSITIVE_CLOSURE,
-                                      NULL, 0) != 0) {
-            ema_warn("hwloc_distances_transform(transitive closure) failed: %m");
-            goto out;
-        }
+    if (nsw > 0 &&
+        hwloc_distances_transform(t->hw, d, HWLOC_DISTANCES_TRANSFORM_TRANSITIVE_CLOSURE, NULL,
+                                  0) != 0) {
+        ema_warn("hwloc_distances_transform(transitive closure) failed: %m");
+        goto out;
+    }
 #else
-        double *to_sw = calloc((size_t)t->ngpus, sizeof(*to_sw));
+    /* hwloc < 2.5 has no transform: the same closure, done here */
+    if (nsw > 0) {
+        to_sw = calloc((size_t)t->ngpus, sizeof(*to_sw));
         if (to_sw == NULL) {
             goto out;
         }
@@ -221,8 +224,8 @@ static int ema_topo_hwloc_matrix(ema__topo_t *t, hwloc_obj_t (*objs)[3])
                 }
             }
         }
-#endif
     }
+#endif
     for (unsigned i = 0; i < d->nbobjs; i++) {
         for (unsigned j = 0; j < d->nbobjs; j++) {
             int a = gpu_of[i], b = gpu_of[j];
@@ -231,16 +234,14 @@ static int ema_topo_hwloc_matrix(ema__topo_t *t, hwloc_obj_t (*objs)[3])
             }
         }
     }
-#if HWLOC_API_VERSION < 0x00020500
-    if (nsw > 0) {
+    if (to_sw != NULL) {
         ema__topo_switch_closure(t->bw, to_sw, t->ngpus);
-        free(to_sw);
     }
-#endif
     snprintf(t->source, sizeof(t->source), "hwloc NVLinkBandwidth%s",
              nsw > 0 ? ", NVSwitch transitive closure" : "");
     filled = 1;
 out:
+    free(to_sw);
     free(gpu_of);
     hwloc_distances_release(t->hw, d);
     return filled;

@@ -4,6 +4,7 @@
  * the bandwidth matrix and the lender orders that follow from it.
  */
 #include "topo/topo.h"
+#include "topo/topo_priv.h"
 
 #include <check.h>
 #include <stdio.h>
@@ -222,6 +223,26 @@ START_TEST(test_shared_gpu_rank_is_the_first_lender)
 
     check_order(topo, gpu, NULL, NULL, 5, 0, (int[]){4, 1, 2, 3});
     ema__topo_destroy(topo);
+}
+END_TEST
+
+START_TEST(test_nvml_fallback_switch_closure_matches_hwloc)
+{
+    /* what the NVML fallback computes from per-GPU link sums: GPU 2 has only
+     * 12 links up, so every pair with it gets its 300, others keep 450, and
+     * a direct link between GPUs without switch links is left alone */
+    double to_sw[4] = {450, 450, 300, 0};
+    double bw[16] = {0};
+    bw[3 * 4 + 0] = bw[0 * 4 + 3] = 25;
+
+    ema__topo_switch_closure(bw, to_sw, 4);
+    ck_assert_double_eq(bw[0 * 4 + 1], 450);
+    ck_assert_double_eq(bw[1 * 4 + 0], 450);
+    ck_assert_double_eq(bw[0 * 4 + 2], 300);
+    ck_assert_double_eq(bw[2 * 4 + 1], 300);
+    ck_assert_double_eq(bw[0 * 4 + 3], 25);
+    ck_assert_double_eq(bw[1 * 4 + 3], 0);
+    ck_assert_double_eq(bw[0 * 4 + 0], 0);
 }
 END_TEST
 
@@ -445,6 +466,7 @@ int main(void)
     tcase_add_test(xml, test_uneven_nvlink_counts_give_uneven_bandwidth);
     tcase_add_test(xml, test_uneven_lenders_ordered_by_link_bandwidth_over_lendable_memory);
     tcase_add_test(xml, test_shared_gpu_rank_is_the_first_lender);
+    tcase_add_test(xml, test_nvml_fallback_switch_closure_matches_hwloc);
     tcase_add_test(xml, test_no_gpu_host_reports_no_gpu_and_maps_ranks_to_none);
     tcase_add_test(xml, test_no_gpu_host_orders_lenders_by_numa_distance_first);
     tcase_add_test(xml, test_print_shows_matrix_source_map_and_lender_orders);

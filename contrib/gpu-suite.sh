@@ -1,0 +1,183 @@
+#!/usr/bin/env bash
+# gpu-suite.sh: build EMA with CUDA and run its checks on a GPU machine.
+#
+#   contrib/gpu-suite.sh --with-ucx=DIR [--with-pmix=DIR] [--build-dir=DIR]
+#                        [--timeout=SECONDS] [--jobs=N]
+#
+# DIR for --with-ucx is a UCX install built with CUDA support (configure
+# --with-cuda); Debian/Ubuntu's UCX packages lack cuda_ipc.  Steps:
+#   1. autoreconf (when configure is missing or stale), configure --with-cuda,
+#      make, and build the multi-rank test programs (make check TESTS=);
+#   2. ema_info;
+#   3. every test program of tests/mpi on 2 and 4 ranks sharing the GPU(s),
+#      under mpirun --timeout, with the cuda memory kind;
+#   4. examples/cuda_window on 1, 2 and 4 ranks; 5. ema_perf on 2 ranks.
+# Check is not needed: configure skips the unit tests without it.
+# Everything is logged to ${OUT:-.}/gpu-suite.log; the last line is
+# "N passed, N failed" (and skipped).  Exit status 0 only if nothing failed.
+set -u
+
+usage() {
+    sed -n '3,5p' "$0" | sed 's/^# \{0,1\}//'
+    exit "${1:-2}"
+}
+
+ucx='' pmix='' build='' timeout=180 jobs=$(nproc 2>/dev/null || echo 4)
+for arg in "$@"; do
+    case $arg in
+    --with-ucx=*)  ucx=${arg#*=} ;;
+    --with-pmix=*) pmix=${arg#*=} ;;
+    --build-dir=*) build=${arg#*=} ;;
+    --timeout=*)   timeout=${arg#*=} ;;
+    --jobs=*)      jobs=${arg#*=} ;;
+    -h|--help)     usage 0 ;;
+    *)             echo "gpu-suite: unknown argument '$arg'" >&2; usage ;;
+    esac
+done
+if [ -z "$ucx" ]; then
+    echo "gpu-suite: --with-ucx=DIR is required (a UCX built --with-cuda)" >&2
+    usage
+fi
+if [ ! -d "$ucx/lib" ]; then
+    echo "gpu-suite: $ucx/lib does not exist: is $ucx a UCX install prefix?" >&2
+    exit 2
+fi
+
+srcdir=$(cd "$(dirname "$0")/.." && pwd)
+build=${build:-$srcdir/build-gpu}
+out=${OUT:-.}
+mkdir -p "$out" "$build" || exit 2
+out=$(cd "$out" && pwd)
+log=$out/gpu-suite.log
+: >"$log"
+exec > >(tee -a "$log") 2>&1
+
+npass=0 nfail=0 nskip=0 failed=()
+
+# step NAME CMD...: run CMD, count it (exit 0 pass, 77 skip, else fail).
+step() {
+    local name=$1 t0 rc
+    shift
+    echo
+    echo "=== $name"
+    echo "+ $*"
+    t0=$(date +%s)
+    "$@"
+    rc=$?
+    if [ $rc -eq 0 ]; then
+        npass=$((npass + 1)); echo "=== PASS $name ($(( $(date +%s) - t0 )) s)"
+    elif [ $rc -eq 77 ]; then
+        nskip=$((nskip + 1)); echo "=== SKIP $name"
+    else
+        nfail=$((nfail + 1)); failed+=("$name")
+        echo "=== FAIL $name (exit $rc$([ $rc -eq 124 ] || [ $rc -eq 137 ] && echo ', timed out'))"
+    fi
+    return $rc
+}
+
+summary() {
+    echo
+    [ ${#failed[@]} -gt 0 ] && printf 'failed: %s\n' "${failed[@]}"
+    echo "gpu-suite: $npass passed, $nfail failed, $nskip skipped (log: $log)"
+    [ $nfail -eq 0 ]
+    exit $?
+}
+
+# --- the machine ------------------------------------------------------------
+echo "gpu-suite: $(date -u +%FT%TZ) on $(hostname), source $srcdir, build $build"
+echo "user $(id -un) (uid $(id -u)); kernel $(uname -r);" \
+     "yama ptrace_scope $(cat /proc/sys/kernel/yama/ptrace_scope 2>/dev/null || echo n/a)" \
+     "(importing a peer's GPU memory uses pidfd_getfd, which needs ptrace rights)"
+command -v nvidia-smi >/dev/null && nvidia-smi -L
+command -v nvcc >/dev/null && nvcc --version | tail -n 1
+command -v mpirun >/dev/null && mpirun --version 2>&1 | head -n 1
+if [ -x "$ucx/bin/ucx_info" ]; then
+    "$ucx/bin/ucx_info" -v | head -n 2
+    echo "UCX CUDA transports: $("$ucx/bin/ucx_info" -d 2>/dev/null |
+        sed -n 's/^#[[:space:]]*Transport: \(cuda.*\|gdr.*\)$/\1/p' | sort -u | tr '\n' ' ')"
+fi
+
+# --- build ------------------------------------------------------------------
+export LD_LIBRARY_PATH=$ucx/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+conf_args=(--with-cuda "--with-ucx=$ucx")
+conf_env=()
+if [ -n "$pmix" ]; then
+    conf_args+=("--with-pmix=$pmix")
+    # configure finds PMIx through pkg-config only; where DIR holds no
+    # pmix.pc and pkg-config knows none, hand it the flags directly.
+    if ! ls "$pmix"/lib*/pkgconfig/pmix.pc >/dev/null 2>&1 &&
+       ! pkg-config --exists pmix 2>/dev/null; then
+        pmix_lib=$pmix/lib
+        echo "gpu-suite: no pmix.pc for $pmix: PMIX_CFLAGS/PMIX_LIBS set by hand"
+        conf_env+=("PMIX_CFLAGS=-I$pmix/include"
+                   "PMIX_LIBS=-L$pmix_lib -Wl,-rpath,$pmix_lib -lpmix")
+    fi
+fi
+
+if [ ! -x "$srcdir/configure" ] || [ "$srcdir/configure.ac" -nt "$srcdir/configure" ] ||
+   [ -n "$(find "$srcdir/Makefile.am" "$srcdir/config/m4" -newer "$srcdir/configure" 2>/dev/null)" ]; then
+    step autoreconf sh -c "cd '$srcdir' && autoreconf -fi" || summary
+fi
+if [ -f "$srcdir/config.status" ]; then
+    echo "gpu-suite: $srcdir is configured in-tree; an out-of-tree build needs it clean" \
+         "(make distclean there)" >&2
+    nfail=$((nfail + 1)); failed+=(configure); summary
+fi
+step configure sh -c 'cd "$1" && shift && env "$@"' _ "$build" "${conf_env[@]}" \
+    "$srcdir/configure" "${conf_args[@]}" || { tail -n 40 "$build/config.log"; summary; }
+step make make -C "$build" -j"$jobs" || summary
+step "make test programs" make -C "$build" -j"$jobs" check TESTS= || summary
+
+# --- runs -------------------------------------------------------------------
+export EMA_MEMORY_KIND=cuda EMA_DEVICE_MEMORY=${EMA_DEVICE_MEMORY:-4G}
+export UCX_CUDA_IPC_ENABLE_GET_ZCOPY=y
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+# Every EMA_* and UCX_* variable set here reaches every rank.
+fwd=(-x LD_LIBRARY_PATH)
+for v in $(env | sed -n 's/^\(EMA_[A-Za-z0-9_]*\|UCX_[A-Za-z0-9_]*\)=.*/\1/p'); do
+    fwd+=(-x "$v")
+done
+run_mpi() { # NP PROGRAM ARGS...
+    local np=$1
+    shift
+    mpirun --allow-run-as-root --oversubscribe --timeout "$timeout" --bind-to none \
+        "${fwd[@]}" -n "$np" "$@"
+}
+
+step "ema_info" "$build/src/tools/ema_info"
+
+progs=()
+for p in "$build"/tests/mpi/test_*; do
+    [ -f "$p" ] && [ -x "$p" ] && progs+=("$p")
+done
+[ ${#progs[@]} -eq 0 ] && echo "gpu-suite: no test programs in $build/tests/mpi"
+for p in "${progs[@]}"; do
+    name=${p##*/}
+    case $name in
+    test_singleton)
+        # A world of one, with no launcher in the environment.
+        step "$name (no launcher)" env -u PMIX_NAMESPACE -u PMIX_RANK timeout "$timeout" "$p"
+        ;;
+    test_bootstrap_broken)
+        step "$name" env "top_builddir=$build" sh "$srcdir/tests/mpi/bootstrap_broken.sh"
+        ;;
+    *)
+        for np in 2 4; do
+            step "$name np$np" run_mpi "$np" "$p"
+        done
+        ;;
+    esac
+done
+
+if [ -x "$build/examples/cuda_window" ]; then
+    for np in 1 2 4; do
+        step "cuda_window np$np" run_mpi "$np" "$build/examples/cuda_window"
+    done
+else
+    echo "gpu-suite: examples/cuda_window was not built (no nvcc?)"
+    nfail=$((nfail + 1)); failed+=(cuda_window)
+fi
+
+step "ema_perf np2" run_mpi 2 "$build/src/tools/ema_perf" --max 1G
+
+summary

@@ -1,0 +1,658 @@
+/*
+ * The cuda memory kind: a rank's arena is device memory made of CUDA VMM
+ * allocations, one per segment, mapped side by side into one reserved
+ * virtual range.  Each segment is exported ahead of time as a POSIX fd, so
+ * lending one costs the borrower only an import and a map:
+ *
+ *   lender (arena_create)             borrower (map)
+ *   1. cuMemCreate(seg_size)
+ *   2. cuMemMap at base + i*seg_size
+ *   3. cuMemExportToShareableHandle
+ *      -> fd, kept open                4. pidfd_getfd(lender pid, fd)
+ *                                      5. cuMemImportFromShareableHandle
+ *                                      6. cuMemMap + cuMemSetAccess at the
+ *                                         window address, close, release
+ *
+ * The driver is never linked: libcuda.so.1 is opened on first use and every
+ * entry point is resolved through cuGetProcAddress, so a CUDA build runs on
+ * a machine with no GPU or driver (the kind is then simply not usable).
+ * cuda.h supplies the types only.
+ *
+ * Every op makes the arena's primary context current first: the ops are
+ * called from the application threads and from the progress thread, and
+ * cuCtxSetCurrent is a thread-local store.
+ */
+#define _GNU_SOURCE
+#include "mem.h"
+
+#include "util/log.h"
+
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#ifndef SYS_pidfd_open
+#define SYS_pidfd_open 434
+#endif
+#ifndef SYS_pidfd_getfd
+#define SYS_pidfd_getfd 438
+#endif
+
+/* The VMM granularity of the H200 (and every recent data-centre GPU); the
+ * real one is checked against the segment size in arena_create. */
+#define EMA_CUDA_GRANULARITY (2ul << 20)
+
+/* --- the driver, loaded on first use ------------------------------------ */
+
+/* One entry per driver call: the name given to cuGetProcAddress, and the
+ * exported (ABI) name to dlsym when the driver predates cuGetProcAddress_v2. */
+#define EMA_CUDA_FUNCS(_F) \
+    _F(cuInit, cuInit, PFN_cuInit_v2000) \
+    _F(cuDriverGetVersion, cuDriverGetVersion, PFN_cuDriverGetVersion_v2020) \
+    _F(cuGetErrorName, cuGetErrorName, PFN_cuGetErrorName_v6000) \
+    _F(cuDeviceGetCount, cuDeviceGetCount, PFN_cuDeviceGetCount_v2000) \
+    _F(cuDeviceGet, cuDeviceGet, PFN_cuDeviceGet_v2000) \
+    _F(cuDeviceGetAttribute, cuDeviceGetAttribute, PFN_cuDeviceGetAttribute_v2000) \
+    _F(cuDevicePrimaryCtxRetain, cuDevicePrimaryCtxRetain, PFN_cuDevicePrimaryCtxRetain_v7000) \
+    _F(cuDevicePrimaryCtxRelease, cuDevicePrimaryCtxRelease_v2, \
+       PFN_cuDevicePrimaryCtxRelease_v11000) \
+    _F(cuCtxSetCurrent, cuCtxSetCurrent, PFN_cuCtxSetCurrent_v4000) \
+    _F(cuMemGetInfo, cuMemGetInfo_v2, PFN_cuMemGetInfo_v3020) \
+    _F(cuMemGetAllocationGranularity, cuMemGetAllocationGranularity, \
+       PFN_cuMemGetAllocationGranularity_v10020) \
+    _F(cuMemAddressReserve, cuMemAddressReserve, PFN_cuMemAddressReserve_v10020) \
+    _F(cuMemAddressFree, cuMemAddressFree, PFN_cuMemAddressFree_v10020) \
+    _F(cuMemCreate, cuMemCreate, PFN_cuMemCreate_v10020) \
+    _F(cuMemRelease, cuMemRelease, PFN_cuMemRelease_v10020) \
+    _F(cuMemMap, cuMemMap, PFN_cuMemMap_v10020) \
+    _F(cuMemUnmap, cuMemUnmap, PFN_cuMemUnmap_v10020) \
+    _F(cuMemSetAccess, cuMemSetAccess, PFN_cuMemSetAccess_v10020) \
+    _F(cuMemExportToShareableHandle, cuMemExportToShareableHandle, \
+       PFN_cuMemExportToShareableHandle_v10020) \
+    _F(cuMemImportFromShareableHandle, cuMemImportFromShareableHandle, \
+       PFN_cuMemImportFromShareableHandle_v10020) \
+    _F(cuStreamCreate, cuStreamCreate, PFN_cuStreamCreate_v2000) \
+    _F(cuStreamDestroy, cuStreamDestroy_v2, PFN_cuStreamDestroy_v4000) \
+    _F(cuStreamSynchronize, cuStreamSynchronize, PFN_cuStreamSynchronize_v2000) \
+    _F(cuMemcpyAsync, cuMemcpyAsync, PFN_cuMemcpyAsync_v4000)
+
+#define EMA_CUDA_FIELD(_name, _abi, _type) _type _name;
+static struct {
+    void *lib;
+    int   usable;  /* driver loaded, cuInit done, at least one device */
+    int   ndev;
+    int   version; /* cuDriverGetVersion */
+    EMA_CUDA_FUNCS(EMA_CUDA_FIELD)
+} ema_cu;
+#undef EMA_CUDA_FIELD
+
+static pthread_once_t ema_cu_once = PTHREAD_ONCE_INIT;
+
+static const char *ema_cu_errname(CUresult res)
+{
+    const char *name = NULL;
+    if (ema_cu.cuGetErrorName == NULL || ema_cu.cuGetErrorName(res, &name) != CUDA_SUCCESS ||
+        name == NULL) {
+        return "CUDA_ERROR_UNKNOWN";
+    }
+    return name;
+}
+
+/* Log a failed driver call once, naming it and its CUresult. */
+#define EMA_CU_CALL(_res, _call, ...) \
+    do { \
+        (_res) = ema_cu._call(__VA_ARGS__); \
+        if ((_res) != CUDA_SUCCESS) { \
+            ema_error(#_call "() failed: %s", ema_cu_errname(_res)); \
+        } \
+    } while (0)
+
+static ema_status_t ema_cu_status(CUresult res)
+{
+    switch (res) {
+    case CUDA_SUCCESS:             return EMA_SUCCESS;
+    case CUDA_ERROR_OUT_OF_MEMORY: return EMA_ERR_NO_MEMORY;
+    case CUDA_ERROR_INVALID_VALUE: return EMA_ERR_INVALID_PARAM;
+    case CUDA_ERROR_NOT_SUPPORTED: return EMA_ERR_UNSUPPORTED;
+    default:                       return EMA_ERR_DEVICE;
+    }
+}
+
+/*
+ * Runs once.  Missing library, missing symbols, cuInit failing or no
+ * device are the normal case on machines without a GPU: they are logged at
+ * debug level only, and the kind is reported unusable.
+ */
+static void ema_cu_load(void)
+{
+    PFN_cuGetProcAddress_v12000 get_proc;
+    CUresult res;
+
+    ema_cu.lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (ema_cu.lib == NULL) {
+        ema_debug("cuda kind unusable: dlopen(libcuda.so.1) failed: %s", dlerror());
+        return;
+    }
+    get_proc = (PFN_cuGetProcAddress_v12000)dlsym(ema_cu.lib, "cuGetProcAddress_v2");
+
+#define EMA_CUDA_RESOLVE(_name, _abi, _type) \
+    { \
+        void *fn = NULL; \
+        if (get_proc != NULL) { \
+            CUdriverProcAddressQueryResult found = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND; \
+            if (get_proc(#_name, &fn, CUDA_VERSION, CU_GET_PROC_ADDRESS_DEFAULT, &found) != \
+                    CUDA_SUCCESS || found != CU_GET_PROC_ADDRESS_SUCCESS) { \
+                fn = NULL; \
+            } \
+        } \
+        if (fn == NULL) { \
+            fn = dlsym(ema_cu.lib, #_abi); \
+        } \
+        if (fn == NULL) { \
+            ema_debug("cuda kind unusable: the driver has no " #_name); \
+            goto err_close; \
+        } \
+        ema_cu._name = (_type)fn; \
+    }
+    EMA_CUDA_FUNCS(EMA_CUDA_RESOLVE)
+#undef EMA_CUDA_RESOLVE
+
+    res = ema_cu.cuInit(0);
+    if (res != CUDA_SUCCESS) {
+        ema_debug("cuda kind unusable: cuInit() failed: %s", ema_cu_errname(res));
+        goto err_close;
+    }
+    if (ema_cu.cuDriverGetVersion(&ema_cu.version) != CUDA_SUCCESS) {
+        ema_cu.version = 0;
+    }
+    res = ema_cu.cuDeviceGetCount(&ema_cu.ndev);
+    if (res != CUDA_SUCCESS || ema_cu.ndev <= 0) {
+        ema_debug("cuda kind unusable: no device (%s)", ema_cu_errname(res));
+        goto err_close;
+    }
+    ema_debug("cuda driver %d.%d, %d device(s)", ema_cu.version / 1000,
+              (ema_cu.version % 1000) / 10, ema_cu.ndev);
+    ema_cu.usable = 1;
+    return;
+
+err_close:
+    /* Leave the function pointers unusable rather than dangling. */
+    dlclose(ema_cu.lib);
+    memset(&ema_cu, 0, sizeof(ema_cu));
+}
+
+static int ema_cuda_usable(void)
+{
+    pthread_once(&ema_cu_once, ema_cu_load);
+    return ema_cu.usable;
+}
+
+/* --- the arena ------------------------------------------------------------ */
+
+typedef struct {
+    CUdevice                      dev;
+    CUcontext                     ctx;      /* the device's primary context, retained */
+    CUstream                      stream;   /* for copy */
+    size_t                        gran;     /* the real VMM granularity */
+    CUmemAllocationHandleType     htypes;   /* requested at cuMemCreate */
+    uint32_t                      nsegs;
+    uint32_t                      ncreated; /* segments with a handle, mapped at base */
+    CUmemGenericAllocationHandle *handles;
+    int                          *fds;      /* exported POSIX fds, -1 if none */
+} ema_cuda_arena_t;
+
+static ema_status_t ema_cuda_ctx_set(ema_cuda_arena_t *ca)
+{
+    CUresult res;
+    EMA_CU_CALL(res, cuCtxSetCurrent, ca->ctx);
+    return ema_cu_status(res);
+}
+
+static void ema_cuda_access_desc(const ema_cuda_arena_t *ca, CUmemAccessDesc *acc)
+{
+    memset(acc, 0, sizeof(*acc));
+    acc->location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    acc->location.id   = (int)ca->dev;
+    acc->flags         = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+}
+
+/* cuMemMap + cuMemSetAccess of @h at @addr; undoes the map on failure. */
+static ema_status_t ema_cuda_map_handle(ema_cuda_arena_t *ca, void *addr, size_t len,
+                                        CUmemGenericAllocationHandle h)
+{
+    CUdeviceptr ptr = (CUdeviceptr)(uintptr_t)addr;
+    CUmemAccessDesc acc;
+    CUresult res;
+
+    EMA_CU_CALL(res, cuMemMap, ptr, len, 0, h, 0);
+    if (res != CUDA_SUCCESS) {
+        return ema_cu_status(res);
+    }
+    ema_cuda_access_desc(ca, &acc);
+    EMA_CU_CALL(res, cuMemSetAccess, ptr, len, &acc, 1);
+    if (res != CUDA_SUCCESS) {
+        ema_cu.cuMemUnmap(ptr, len);
+        return ema_cu_status(res);
+    }
+    return EMA_SUCCESS;
+}
+
+static void ema_cuda_prop(const ema_cuda_arena_t *ca, CUmemAllocationHandleType htypes,
+                          CUmemAllocationProp *prop)
+{
+    memset(prop, 0, sizeof(*prop));
+    prop->type                 = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop->location.type        = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop->location.id          = (int)ca->dev;
+    prop->requestedHandleTypes = htypes;
+}
+
+static int ema_cuda_attr(ema_cuda_arena_t *ca, CUdevice_attribute attr)
+{
+    int v = 0;
+    if (ema_cu.cuDeviceGetAttribute(&v, attr, ca->dev) != CUDA_SUCCESS) {
+        return 0;
+    }
+    return v;
+}
+
+/* Create segment @i, map it at its place in the arena and export it. */
+static ema_status_t ema_cuda_seg_create(ema__mem_arena_t *arena, ema_cuda_arena_t *ca,
+                                        uint32_t i)
+{
+    CUmemGenericAllocationHandle h;
+    CUmemAllocationProp prop;
+    ema_status_t status;
+    CUresult res;
+    int fd = -1;
+
+    ema_cuda_prop(ca, ca->htypes, &prop);
+    res = ema_cu.cuMemCreate(&h, arena->seg_size, &prop, 0);
+    if (res != CUDA_SUCCESS && (ca->htypes & CU_MEM_HANDLE_TYPE_FABRIC)) {
+        /* Fabric handles need an IMEX channel; without one the driver
+         * refuses them.  POSIX fds are all a single node needs. */
+        ema_debug("cuMemCreate() with fabric handles failed (%s): using posix fds only",
+                  ema_cu_errname(res));
+        ca->htypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+        ema_cuda_prop(ca, ca->htypes, &prop);
+        res = ema_cu.cuMemCreate(&h, arena->seg_size, &prop, 0);
+    }
+    if (res != CUDA_SUCCESS) {
+        ema_error("cuMemCreate(%zu) for segment %u of %u failed: %s%s", arena->seg_size, i,
+                  ca->nsegs, ema_cu_errname(res),
+                  (res == CUDA_ERROR_OUT_OF_MEMORY)
+                      ? " (EMA_DEVICE_MEMORY exceeds the free device memory)" : "");
+        return ema_cu_status(res);
+    }
+    status = ema_cuda_map_handle(ca, (char *)arena->base + (size_t)i * arena->seg_size,
+                                 arena->seg_size, h);
+    if (status != EMA_SUCCESS) {
+        goto err_release;
+    }
+    EMA_CU_CALL(res, cuMemExportToShareableHandle, &fd, h,
+                CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+    if (res != CUDA_SUCCESS) {
+        status = ema_cu_status(res);
+        goto err_unmap;
+    }
+    /* Keep it out of exec'd children; peers take it with pidfd_getfd. */
+    fcntl(fd, F_SETFD, FD_CLOEXEC);
+    ca->handles[i] = h;
+    ca->fds[i]     = fd;
+    return EMA_SUCCESS;
+
+err_unmap:
+    ema_cu.cuMemUnmap((CUdeviceptr)(uintptr_t)((char *)arena->base +
+                                               (size_t)i * arena->seg_size),
+                      arena->seg_size);
+err_release:
+    ema_cu.cuMemRelease(h);
+    return status;
+}
+
+static void ema_cuda_arena_destroy(ema__mem_arena_t *arena)
+{
+    ema_cuda_arena_t *ca = arena->priv;
+
+    if (ca == NULL) {
+        return;
+    }
+    if (ca->ctx != NULL) {
+        ema_cu.cuCtxSetCurrent(ca->ctx);
+    }
+    for (uint32_t i = 0; i < ca->ncreated; i++) {
+        ema_cu.cuMemUnmap((CUdeviceptr)(uintptr_t)((char *)arena->base +
+                                                   (size_t)i * arena->seg_size),
+                          arena->seg_size);
+        /* Peers' mappings of a lent segment keep its memory alive. */
+        ema_cu.cuMemRelease(ca->handles[i]);
+        if (ca->fds[i] >= 0) {
+            close(ca->fds[i]);
+        }
+    }
+    if (arena->base != NULL) {
+        ema_cu.cuMemAddressFree((CUdeviceptr)(uintptr_t)arena->base, arena->capacity);
+        arena->base = NULL;
+    }
+    if (ca->stream != NULL) {
+        ema_cu.cuStreamDestroy(ca->stream);
+    }
+    if (ca->ctx != NULL) {
+        ema_cu.cuDevicePrimaryCtxRelease(ca->dev);
+    }
+    free(ca->handles);
+    free(ca->fds);
+    free(ca);
+    arena->priv = NULL;
+}
+
+static ema_status_t ema_cuda_arena_create(ema__mem_arena_t *arena)
+{
+    ema_cuda_arena_t *ca;
+    CUmemAllocationProp prop;
+    CUdeviceptr base;
+    ema_status_t status;
+    CUresult res;
+    int ordinal;
+
+    if (!ema_cuda_usable()) {
+        ema_error("memory kind 'cuda' is not usable here (no GPU or driver)");
+        return EMA_ERR_UNSUPPORTED;
+    }
+    ca = calloc(1, sizeof(*ca));
+    if (ca == NULL) {
+        return EMA_ERR_NO_MEMORY;
+    }
+    arena->priv = ca;
+    arena->fd   = -1;
+    ca->nsegs   = (uint32_t)(arena->capacity / arena->seg_size);
+    ca->handles = calloc(ca->nsegs, sizeof(*ca->handles));
+    ca->fds     = malloc(sizeof(*ca->fds) * ca->nsegs);
+    if (ca->handles == NULL || ca->fds == NULL) {
+        status = EMA_ERR_NO_MEMORY;
+        goto err;
+    }
+    for (uint32_t i = 0; i < ca->nsegs; i++) {
+        ca->fds[i] = -1;
+    }
+
+    /* arena->device is the local rank until a topology layer picks a GPU. */
+    ordinal = (arena->device < 0 ? 0 : arena->device) % ema_cu.ndev;
+    EMA_CU_CALL(res, cuDeviceGet, &ca->dev, ordinal);
+    if (res != CUDA_SUCCESS) {
+        status = ema_cu_status(res);
+        goto err;
+    }
+    arena->device = ordinal;
+    EMA_CU_CALL(res, cuDevicePrimaryCtxRetain, &ca->ctx, ca->dev);
+    if (res != CUDA_SUCCESS) {
+        ca->ctx = NULL;
+        status = ema_cu_status(res);
+        goto err;
+    }
+    status = ema_cuda_ctx_set(ca);
+    if (status != EMA_SUCCESS) {
+        goto err;
+    }
+    if (!ema_cuda_attr(ca, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED) ||
+        !ema_cuda_attr(ca, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED)) {
+        ema_error("device %d does not support cuda vmm with posix fd handles", ordinal);
+        status = EMA_ERR_UNSUPPORTED;
+        goto err;
+    }
+    ca->htypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    if (ema_cuda_attr(ca, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED)) {
+        ca->htypes |= CU_MEM_HANDLE_TYPE_FABRIC;
+    }
+
+    ema_cuda_prop(ca, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, &prop);
+    EMA_CU_CALL(res, cuMemGetAllocationGranularity, &ca->gran, &prop,
+                CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+    if (res != CUDA_SUCCESS) {
+        status = ema_cu_status(res);
+        goto err;
+    }
+    if (ca->gran == 0 || arena->seg_size % ca->gran != 0) {
+        ema_error("segment size %zu is not a multiple of device %d's vmm granularity %zu: "
+                  "set EMA_SEGMENT_SIZE to a multiple", arena->seg_size, ordinal, ca->gran);
+        status = EMA_ERR_INVALID_PARAM;
+        goto err;
+    }
+
+    EMA_CU_CALL(res, cuStreamCreate, &ca->stream, CU_STREAM_NON_BLOCKING);
+    if (res != CUDA_SUCCESS) {
+        ca->stream = NULL;
+        status = ema_cu_status(res);
+        goto err;
+    }
+    EMA_CU_CALL(res, cuMemAddressReserve, &base, arena->capacity, ca->gran, 0, 0);
+    if (res != CUDA_SUCCESS) {
+        status = ema_cu_status(res);
+        goto err;
+    }
+    arena->base = (void *)(uintptr_t)base;
+
+    /* Lenders create and export every segment now, so a borrow later costs
+     * the borrower one import and one map, and the lender nothing. */
+    for (ca->ncreated = 0; ca->ncreated < ca->nsegs; ca->ncreated++) {
+        status = ema_cuda_seg_create(arena, ca, ca->ncreated);
+        if (status != EMA_SUCCESS) {
+            goto err;
+        }
+    }
+    ema_debug("cuda arena on device %d: %zu bytes at %p, granularity %zu, handles %s",
+              ordinal, arena->capacity, arena->base, ca->gran,
+              (ca->htypes & CU_MEM_HANDLE_TYPE_FABRIC) ? "posix fd + fabric" : "posix fd");
+    return EMA_SUCCESS;
+
+err:
+    ema_cuda_arena_destroy(arena);
+    return status;
+}
+
+static ema_status_t ema_cuda_prefault(ema__mem_arena_t *arena, uint32_t first, uint32_t count)
+{
+    /* cuMemCreate allocates physical memory: nothing is ever faulted in. */
+    return EMA_SUCCESS;
+}
+
+static size_t ema_cuda_round(const ema_cuda_arena_t *ca, size_t len)
+{
+    return (len + ca->gran - 1) / ca->gran * ca->gran;
+}
+
+static ema_status_t ema_cuda_reserve(ema__mem_arena_t *arena, size_t len, void **addr_p)
+{
+    ema_cuda_arena_t *ca = arena->priv;
+    CUdeviceptr ptr;
+    ema_status_t status;
+    CUresult res;
+
+    status = ema_cuda_ctx_set(ca);
+    if (status != EMA_SUCCESS) {
+        return status;
+    }
+    /* Aligned to a segment where possible, so each mapping is aligned as
+     * the arena's own are. */
+    EMA_CU_CALL(res, cuMemAddressReserve, &ptr, ema_cuda_round(ca, len),
+                (arena->seg_size % ca->gran == 0) ? arena->seg_size : ca->gran, 0, 0);
+    if (res != CUDA_SUCCESS) {
+        return (res == CUDA_ERROR_OUT_OF_MEMORY) ? EMA_ERR_NO_RESOURCE : ema_cu_status(res);
+    }
+    *addr_p = (void *)(uintptr_t)ptr;
+    return EMA_SUCCESS;
+}
+
+static void ema_cuda_unreserve(ema__mem_arena_t *arena, void *addr, size_t len)
+{
+    ema_cuda_arena_t *ca = arena->priv;
+    CUresult res;
+
+    if (ema_cuda_ctx_set(ca) == EMA_SUCCESS) {
+        EMA_CU_CALL(res, cuMemAddressFree, (CUdeviceptr)(uintptr_t)addr,
+                    ema_cuda_round(ca, len));
+        (void)res;
+    }
+}
+
+static int64_t ema_cuda_seg_handle(ema__mem_arena_t *arena, uint32_t seg)
+{
+    ema_cuda_arena_t *ca = arena->priv;
+    return (seg < ca->ncreated) ? ca->fds[seg] : -1;
+}
+
+/* A peer's exported fd, duplicated into our fd table. */
+static ema_status_t ema_cuda_peer_fd(int32_t pid, int64_t handle, int *fd_p)
+{
+    int pidfd, fd;
+
+    pidfd = (int)syscall(SYS_pidfd_open, (pid_t)pid, 0);
+    if (pidfd < 0) {
+        ema_error("pidfd_open(%d) to map a peer's segment failed: %m", (int)pid);
+        return (errno == ESRCH) ? EMA_ERR_PEER_LOST : EMA_ERR_IO;
+    }
+    fd = (int)syscall(SYS_pidfd_getfd, pidfd, (int)handle, 0);
+    if (fd < 0) {
+        int err = errno;
+        if (err == EPERM) {
+            ema_error("pidfd_getfd(pid %d, fd %d) failed: %m: importing a peer's gpu memory "
+                      "needs ptrace permission over the peer (same user and "
+                      "kernel.yama.ptrace_scope=0, or CAP_SYS_PTRACE)",
+                      (int)pid, (int)handle);
+        } else {
+            ema_error("pidfd_getfd(pid %d, fd %d) failed: %m", (int)pid, (int)handle);
+        }
+        close(pidfd);
+        return (err == ESRCH) ? EMA_ERR_PEER_LOST : (err == EPERM) ? EMA_ERR_UNSUPPORTED
+                                                                    : EMA_ERR_IO;
+    }
+    close(pidfd);
+    *fd_p = fd;
+    return EMA_SUCCESS;
+}
+
+static ema_status_t ema_cuda_map(ema__mem_arena_t *arena, const ema__mem_export_t *exp,
+                                 uint32_t seg, int64_t handle, void *addr)
+{
+    ema_cuda_arena_t *ca = arena->priv;
+    CUmemGenericAllocationHandle h;
+    ema_status_t status;
+    CUresult res;
+    int fd;
+
+    status = ema_cuda_ctx_set(ca);
+    if (status != EMA_SUCCESS) {
+        return status;
+    }
+    if (exp->pid == (int32_t)getpid()) {
+        /* Our own segment: the arena keeps its handle until destroy, and a
+         * released handle's memory lives on while any mapping remains. */
+        if (seg >= ca->ncreated) {
+            ema_error("segment %u is outside this rank's arena of %u", seg, ca->ncreated);
+            return EMA_ERR_INVALID_PARAM;
+        }
+        return ema_cuda_map_handle(ca, addr, arena->seg_size, ca->handles[seg]);
+    }
+
+    if (exp->seg_size != arena->seg_size) {
+        ema_error("peer %d uses segments of %lu bytes, this rank %zu", (int)exp->pid,
+                  (unsigned long)exp->seg_size, arena->seg_size);
+        return EMA_ERR_INVALID_PARAM;
+    }
+    status = ema_cuda_peer_fd(exp->pid, handle, &fd);
+    if (status != EMA_SUCCESS) {
+        return status;
+    }
+    EMA_CU_CALL(res, cuMemImportFromShareableHandle, &h, (void *)(uintptr_t)fd,
+                CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+    close(fd); /* the imported handle holds the memory */
+    if (res != CUDA_SUCCESS) {
+        return ema_cu_status(res);
+    }
+    status = ema_cuda_map_handle(ca, addr, arena->seg_size, h);
+    /* The mapping keeps the memory alive; unmap frees our hold on it. */
+    ema_cu.cuMemRelease(h);
+    if (status != EMA_SUCCESS) {
+        ema_error("mapping segment %u of pid %d at %p failed", seg, (int)exp->pid, addr);
+    }
+    return status;
+}
+
+static ema_status_t ema_cuda_unmap(ema__mem_arena_t *arena, void *addr, size_t len)
+{
+    ema_cuda_arena_t *ca = arena->priv;
+    ema_status_t status;
+    CUresult res;
+
+    status = ema_cuda_ctx_set(ca);
+    if (status != EMA_SUCCESS) {
+        return status;
+    }
+    /* One call covers a run of whole mappings; should the driver refuse a
+     * run that spans several allocations, unmap them one by one. */
+    res = ema_cu.cuMemUnmap((CUdeviceptr)(uintptr_t)addr, len);
+    if (res == CUDA_SUCCESS) {
+        return EMA_SUCCESS;
+    }
+    if (len <= arena->seg_size || len % arena->seg_size != 0) {
+        ema_error("cuMemUnmap(%p, %zu) failed: %s", addr, len, ema_cu_errname(res));
+        return ema_cu_status(res);
+    }
+    status = EMA_SUCCESS;
+    for (size_t off = 0; off < len; off += arena->seg_size) {
+        res = ema_cu.cuMemUnmap((CUdeviceptr)(uintptr_t)((char *)addr + off), arena->seg_size);
+        if (res != CUDA_SUCCESS && status == EMA_SUCCESS) {
+            ema_error("cuMemUnmap(%p, %zu) failed: %s", (char *)addr + off, arena->seg_size,
+                      ema_cu_errname(res));
+            status = ema_cu_status(res);
+        }
+    }
+    return status;
+}
+
+static ema_status_t ema_cuda_copy(ema__mem_arena_t *arena, void *dst, const void *src,
+                                  size_t len)
+{
+    ema_cuda_arena_t *ca = arena->priv;
+    ema_status_t status;
+    CUresult res;
+
+    status = ema_cuda_ctx_set(ca);
+    if (status != EMA_SUCCESS) {
+        return status;
+    }
+    /* Synchronous for now: unified addressing lets one cuMemcpy reach local,
+     * borrowed and host memory alike.  Migration will want copies left in
+     * flight on the stream and a sync per batch instead. */
+    EMA_CU_CALL(res, cuMemcpyAsync, (CUdeviceptr)(uintptr_t)dst,
+                (CUdeviceptr)(uintptr_t)src, len, ca->stream);
+    if (res == CUDA_SUCCESS) {
+        EMA_CU_CALL(res, cuStreamSynchronize, ca->stream);
+    }
+    return ema_cu_status(res);
+}
+
+const ema__mem_ops_t ema__mem_cuda_ops = {
+    .size                 = sizeof(ema__mem_ops_t),
+    .name                 = "cuda",
+    .kind                 = EMA_MEMORY_KIND_CUDA,
+    .default_segment_size = 64ul << 20, /* EMA_SEGMENT_SIZE=auto on cuda */
+    .granularity          = EMA_CUDA_GRANULARITY,
+    .usable               = ema_cuda_usable,
+    .arena_create         = ema_cuda_arena_create,
+    .arena_destroy        = ema_cuda_arena_destroy,
+    .prefault             = ema_cuda_prefault,
+    .reserve              = ema_cuda_reserve,
+    .unreserve            = ema_cuda_unreserve,
+    .seg_handle           = ema_cuda_seg_handle,
+    .map                  = ema_cuda_map,
+    .unmap                = ema_cuda_unmap,
+    .copy                 = ema_cuda_copy,
+};

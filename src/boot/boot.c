@@ -25,6 +25,26 @@ static int ema_boot_launched(void)
            getenv("PMIX_SERVER_URI21") || getenv("PMIX_SERVER_URI41");
 }
 
+/* A PMIx server URI reads "nspace.rank;tcp4://host:port" (or tcp6). */
+static int ema_boot_uri_wellformed(void)
+{
+    static const char *vars[] = {"PMIX_SERVER_URI41", "PMIX_SERVER_URI4", "PMIX_SERVER_URI3",
+                                 "PMIX_SERVER_URI21", "PMIX_SERVER_URI2"};
+    int seen = 0;
+    for (size_t i = 0; i < sizeof(vars) / sizeof(vars[0]); i++) {
+        const char *uri = getenv(vars[i]);
+        if (uri == NULL) {
+            continue;
+        }
+        seen = 1;
+        const char *semi = strchr(uri, ';');
+        if (semi != NULL && semi > uri && strstr(semi, "://") != NULL) {
+            return 1;
+        }
+    }
+    return !seen; /* no URI at all: let PMIx look for its server itself */
+}
+
 static int ema_boot_get_u32(const pmix_proc_t *proc, const char *key, uint32_t *val_p)
 {
     pmix_value_t *val = NULL;
@@ -63,6 +83,12 @@ ema_status_t ema__boot_init(ema__boot_t *boot)
         return EMA_SUCCESS;
     }
 
+    if (!ema_boot_uri_wellformed()) {
+        /* libpmix would print its own internal error first: say it once */
+        ema_error("the PMIx server address in the environment is malformed (PMIX_SERVER_URI*): "
+                  "the launcher is broken or the variables were set by hand");
+        return EMA_ERR_BOOTSTRAP;
+    }
     rc = PMIx_Init(&ema_boot_proc, NULL, 0);
     if (rc != PMIX_SUCCESS) {
         ema_error("PMIx_Init failed: %s (started by a launcher whose PMIx server "

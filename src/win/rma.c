@@ -482,8 +482,10 @@ EMA_EXPORT ema_status_t ema_fetch_add(ema_win_h win, int rank, size_t offset, ui
 EMA_EXPORT ema_status_t ema_compare_swap(ema_win_h win, int rank, size_t offset,
                                          uint64_t compare, uint64_t value, uint64_t *old_p)
 {
-    uint64_t old = compare; /* UCX: the reply buffer holds the compare value on input */
-    ema_status_t status = ema_atomic(win, rank, offset, UCP_ATOMIC_OP_CSWAP, value, &old);
+    /* UCX CSWAP: the operand is the value compared with; the reply buffer
+     * holds the value to swap in, and on return the previous value. */
+    uint64_t old = value;
+    ema_status_t status = ema_atomic(win, rank, offset, UCP_ATOMIC_OP_CSWAP, compare, &old);
     if (status == EMA_SUCCESS && old_p != NULL) {
         *old_p = old;
     }

@@ -1,0 +1,58 @@
+/*
+ * Configuration tables, UCX style: each module keeps one table of
+ * {name, default, help, offset, parser} describing the fields of its config
+ * struct.  Tables are read once at ema_init(); nothing else calls getenv().
+ */
+#ifndef EMA_UTIL_CONFIG_H_
+#define EMA_UTIL_CONFIG_H_
+
+#include <ema.h>
+#include <stddef.h>
+#include <stdio.h>
+
+typedef struct ema_config_parser {
+    /* Parse @a str into @a dst; return 0 on success, -1 if invalid. */
+    int         (*parse)(const char *str, void *dst, const void *arg);
+    /* Write the value at @a src into @a buf as the user would type it. */
+    void        (*print)(char *buf, size_t max, const void *src, const void *arg);
+    const void  *arg;   /* e.g. the names of an enum */
+    const char  *syntax;
+} ema_config_parser_t;
+
+typedef struct ema_config_field {
+    const char                *name;     /* without the EMA_ prefix */
+    const char                *dfl;      /* default, as a string */
+    const char                *help;
+    size_t                     offset;   /* in the module's config struct */
+    const ema_config_parser_t *parser;
+} ema_config_field_t;
+
+extern const ema_config_parser_t ema__config_size;   /* 4096, 64K, 256M, 2G, 1T */
+extern const ema_config_parser_t ema__config_bool;   /* y/n, yes/no, 1/0, on/off, true/false */
+extern const ema_config_parser_t ema__config_uint;   /* unsigned */
+extern const ema_config_parser_t ema__config_double; /* 0.5, 1e-3 */
+extern const ema_config_parser_t ema__config_string;
+extern const ema_config_parser_t ema__config_size_auto; /* "auto" (0) or a size */
+#define EMA_CONFIG_ENUM(_names) {ema__config_enum_parse, ema__config_enum_print, _names, "enum"}
+int  ema__config_enum_parse(const char *str, void *dst, const void *arg);
+void ema__config_enum_print(char *buf, size_t max, const void *src, const void *arg);
+
+/* Table terminated by an entry with name == NULL. */
+#define EMA_CONFIG_TABLE_END {NULL, NULL, NULL, 0, NULL}
+
+/*
+ * Fill @a opts from the defaults, then from EMA_<name> in the environment.
+ * Logs one clear line and returns EMA_ERR_INVALID_PARAM on a bad value.
+ */
+ema_status_t ema__config_read(const ema_config_field_t *table, void *opts);
+
+/* Print each field as "EMA_NAME=value  # help (default: dfl)". */
+void ema__config_print(const ema_config_field_t *table, const void *opts, FILE *stream);
+
+/* Warn about EMA_* variables that no table knows (typos). */
+void ema__config_warn_unknown(const ema_config_field_t *const *tables);
+
+/* Parse a size such as "2M"; exposed for the unit tests. */
+int ema__config_parse_size(const char *str, size_t *size_p);
+
+#endif

@@ -1,1 +1,1005 @@
-int main(void){return 0;}
+/*
+ * ema_perf: put and get latency and bandwidth between two ranks, each row
+ * measured side by side with raw UCX in the same run.  See ema_perf(1).
+ *
+ *   mpirun -n 2 ema_perf [--csv] [--op put|get|all] [--min 8] [--max 64M]
+ *                        [--iters N] [--warmup N] [--time S] [--ucx-thread multi|single] [-v]
+ *
+ * Rank 0 is the origin, rank 1 the target.  For each op and size the origin
+ * times every iteration, (one op + flush of the target's endpoint), with
+ * CLOCK_MONOTONIC.  EMA and raw UCX run in alternating blocks in ABBA order
+ * (E R R E E R R E ...) so machine noise and drift hit both alike; a row
+ * reports the median of each.  Bandwidth is size / median latency.
+ *
+ * The raw UCX reference is set up the way EMA sets up its own transport, so
+ * that the ratio measures what EMA adds on top of UCX:
+ *  - its own ucp context (RMA | AMO64 | AM, mt_workers_shared, as EMA's) and
+ *    worker.  The worker is UCS_THREAD_MODE_MULTI by default because EMA's
+ *    worker must be (its progress thread shares it); the worker lock is then
+ *    a cost of UCX, not of EMA.  --ucx-thread single gives the unlocked worker.
+ *  - the target buffer is a memfd mapped MAP_SHARED and registered with
+ *    ucp_mem_map without UCP_MEM_MAP_ALLOCATE, exactly like EMA's host arena,
+ *    so UCX picks the same lanes and protocols for both.
+ *  - both ranks create an endpoint to the other, as EMA does.
+ *  - the origin issues the op and the flush back to back and spins on
+ *    ucp_worker_progress until both complete (no yield, no sleep).
+ *  - UCX 1.13 may carry RMA to memory it did not allocate as active messages,
+ *    which need the target to progress.  EMA's target is progressed by its
+ *    progress thread.  The raw target is progressed by the target's main
+ *    thread in a tight ucp_worker_progress loop for the whole of every raw
+ *    block: raw UCX gets a dedicated spinning target, the best case for the
+ *    reference.  During EMA blocks the raw spinner naps, so it does not take
+ *    a core from EMA's progress thread.
+ * Worker addresses and the rkey travel through an EMA window (put into the
+ * peer's part, flush, barrier); there is no MPI and no extra PMIx.
+ *
+ * Control protocol, all through EMA put + flush on a small control window:
+ *   1. origin: puts cmd = (seq << 8 | kind) into the target's command word.
+ *   2. target: sees a new word, puts it back into the origin's ack word, then
+ *        RAW:  spins on ucp_worker_progress(raw worker) until the word changes;
+ *        EMA:  naps (its EMA progress thread serves EMA's RMA);
+ *        DONE: leaves the row and verifies what arrived.
+ *   3. origin: waits for the ack, then runs the block.
+ * After each row both ranks agree on a verdict (each puts ok/failed into the
+ * peer's part, barrier), so a data mismatch on either side stops both.
+ *
+ * Data is verified for every row: for put the target checks its EMA part and
+ * its raw buffer against the pattern the origin sent; for get the target
+ * fills the two with different patterns and the origin checks (and clears)
+ * its buffer after every block.
+ *
+ * Memory: unless EMA_DEVICE_MEMORY is set, ema_init gets a capacity of
+ * max(1 GiB, 2 * --max) so that the target's part (--max bytes) fits.
+ *
+ * Adding a row kind (e.g. "borrow", "reclaim"): write a measure function with
+ * the perf_measure_cb signature, collective over both ranks, that fills a
+ * perf_row_t, and add it to perf_ops[].
+ */
+#define _GNU_SOURCE
+#include <ema.h>
+#include <ucp/api/ucp.h>
+
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <sched.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#define PERF_ORIGIN 0
+#define PERF_TARGET 1
+
+/* control window layout (each rank's part) */
+#define CTL_SIZE    (64u << 10)
+#define CTL_CMD     0    /* target's part: command from the origin */
+#define CTL_ACK     64   /* origin's part: ack from the target */
+#define CTL_VERDICT 128  /* each part: the peer's verdict of the last row */
+#define CTL_XCHG    4096 /* each part: the peer's raw worker address and rkey */
+#define XCHG_MAGIC  0x656d61706572ull /* "emaper" */
+
+enum { CMD_EMA = 1, CMD_RAW = 2, CMD_DONE = 3 };
+enum { IMPL_EMA = 0, IMPL_RAW = 1, IMPL_NUM = 2 };
+
+#define BLOCKS_PER_IMPL 8 /* blocks per implementation per row (even: ABBA) */
+
+typedef struct {
+    int    csv, verbose, single;
+    char   ops[256];
+    size_t min, max;
+    long   iters;       /* -1: chosen per size */
+    long   warmup;
+    double time_cap;    /* seconds of timed work per row, both implementations */
+} perf_opts_t;
+
+/* the exchange blob each rank puts into its peer's control part */
+typedef struct {
+    uint64_t magic;
+    uint64_t base;      /* the raw target buffer's address (target only) */
+    uint32_t addr_len;
+    uint32_t rkey_len;  /* 0 on the origin */
+    /* followed by the worker address, then the packed rkey */
+} perf_xchg_t;
+
+typedef struct perf {
+    perf_opts_t o;
+    int         rank;
+
+    /* EMA */
+    ema_win_h   ctl_win, data_win;
+    char       *ctl_base;  /* this rank's control part */
+    char       *data_base; /* this rank's data part (--max bytes on the target) */
+    char       *buf;       /* origin: the local source/destination buffer */
+    uint64_t    seq, last_cmd, verdict_seq;
+
+    /* raw UCX */
+    ucp_context_h ucx;
+    ucp_worker_h  worker;
+    ucp_address_t *addr;
+    size_t        addr_len;
+    ucp_ep_h      ep;          /* to the peer */
+    int           memfd;
+    char         *raw_base;    /* target: the raw buffer (--max bytes) */
+    size_t        raw_len;
+    ucp_mem_h     memh;
+    void         *rkey_buf;
+    size_t        rkey_len;
+    ucp_rkey_h    rkey;        /* origin: the target's raw buffer */
+    uint64_t      raddr;       /* origin: its address at the target */
+
+    /* samples of the current row, microseconds */
+    double *samples[IMPL_NUM];
+    size_t  nsamples[IMPL_NUM], cap;
+} perf_t;
+
+typedef struct {
+    double us[IMPL_NUM];  /* median latency, microseconds */
+    size_t n[IMPL_NUM];   /* iterations timed */
+} perf_row_t;
+
+/* One row: collective over both ranks; fills @row on the origin.  Returns 0,
+ * or -1 after printing why (the caller stops). */
+typedef int (*perf_measure_cb)(perf_t *p, int op_index, size_t size, perf_row_t *row);
+
+typedef struct {
+    const char     *name;
+    const char     *help;
+    perf_measure_cb measure;
+} perf_op_t;
+
+/* ------------------------------------------------------------------------- */
+/* small helpers                                                              */
+/* ------------------------------------------------------------------------- */
+
+static void perf_die(const char *fmt, ...)
+{
+    va_list ap;
+    fprintf(stderr, "ema_perf: ");
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "\n");
+    fflush(stderr);
+    exit(1); /* mpirun then terminates the peer */
+}
+
+#define EMA_CHECK(_call) do { ema_status_t s_ = (_call); if (s_ != EMA_SUCCESS) \
+    perf_die("%s failed: %s", #_call, ema_strerror(s_)); } while (0)
+#define UCX_CHECK(_call) do { ucs_status_t s_ = (_call); if (s_ != UCS_OK) \
+    perf_die("%s failed: %s", #_call, ucs_status_string(s_)); } while (0)
+
+static inline double perf_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* The target's main thread naps during EMA blocks.  Long naps keep it off
+ * the core that EMA's progress thread needs; the phase switch that ends a
+ * nap is acknowledged and never timed. */
+static void perf_nap(void)
+{
+    struct timespec ts = {0, 200000};
+    nanosleep(&ts, NULL);
+}
+
+static int perf_parse_size(const char *s, size_t *size_p)
+{
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 0);
+    if (errno != 0 || end == s) {
+        return -1;
+    }
+    switch (*end) {
+    case 'k': case 'K': v <<= 10; end++; break;
+    case 'm': case 'M': v <<= 20; end++; break;
+    case 'g': case 'G': v <<= 30; end++; break;
+    default: break;
+    }
+    if (*end == 'i' || *end == 'I') end++;
+    if (*end == 'b' || *end == 'B') end++;
+    if (*end != '\0') {
+        return -1;
+    }
+    *size_p = (size_t)v;
+    return 0;
+}
+
+static const char *perf_size_str(size_t size, char *s, size_t len)
+{
+    if (size >= (1u << 30) && size % (1u << 30) == 0) {
+        snprintf(s, len, "%zuG", size >> 30);
+    } else if (size >= (1u << 20) && size % (1u << 20) == 0) {
+        snprintf(s, len, "%zuM", size >> 20);
+    } else if (size >= (1u << 10) && size % (1u << 10) == 0) {
+        snprintf(s, len, "%zuK", size >> 10);
+    } else {
+        snprintf(s, len, "%zu", size);
+    }
+    return s;
+}
+
+static int perf_cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double perf_median(double *v, size_t n)
+{
+    if (n == 0) {
+        return 0.0;
+    }
+    qsort(v, n, sizeof(*v), perf_cmp_double);
+    return (n & 1) ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* The data pattern: word k of a buffer with @salt.  Different salts give
+ * different bytes everywhere, so stale data from another row or the other
+ * implementation never passes a check. */
+static inline uint64_t perf_word(uint64_t salt, size_t k)
+{
+    uint64_t x = salt + (uint64_t)k * 0x9e3779b97f4a7c15ull;
+    x ^= x >> 29;
+    return x | 1; /* never zero: a cleared buffer never passes */
+}
+
+static void perf_fill(void *buf, size_t len, uint64_t salt)
+{
+    uint64_t *w = buf;
+    size_t nw = len / 8;
+    for (size_t k = 0; k < nw; k++) {
+        w[k] = perf_word(salt, k);
+    }
+    if (len % 8) {
+        uint64_t last = perf_word(salt, nw);
+        memcpy((char *)buf + nw * 8, &last, len % 8);
+    }
+}
+
+/* Returns the first bad byte offset, or (size_t)-1 if all of @len match. */
+static size_t perf_check(const void *buf, size_t len, uint64_t salt)
+{
+    const uint64_t *w = buf;
+    size_t nw = len / 8;
+    for (size_t k = 0; k < nw; k++) {
+        if (w[k] != perf_word(salt, k)) {
+            const unsigned char *b = (const unsigned char *)&w[k];
+            uint64_t exp = perf_word(salt, k);
+            const unsigned char *e = (const unsigned char *)&exp;
+            size_t i = 0;
+            while (b[i] == e[i]) i++;
+            return k * 8 + i;
+        }
+    }
+    if (len % 8) {
+        uint64_t last = perf_word(salt, nw);
+        const unsigned char *b = (const unsigned char *)buf + nw * 8;
+        for (size_t i = 0; i < len % 8; i++) {
+            if (b[i] != ((const unsigned char *)&last)[i]) {
+                return nw * 8 + i;
+            }
+        }
+    }
+    return (size_t)-1;
+}
+
+static uint64_t perf_salt(int op_index, size_t size, int impl)
+{
+    return ((uint64_t)(op_index + 1) << 56) ^ ((uint64_t)size << 8) ^
+           (uint64_t)(impl + 1) * 0x51ed27ull;
+}
+
+/* ------------------------------------------------------------------------- */
+/* control window                                                             */
+/* ------------------------------------------------------------------------- */
+
+static inline uint64_t perf_ctl_load(perf_t *p, size_t off)
+{
+    return __atomic_load_n((uint64_t *)(p->ctl_base + off), __ATOMIC_ACQUIRE);
+}
+
+static void perf_ctl_put(perf_t *p, int peer, size_t off, uint64_t value)
+{
+    EMA_CHECK(ema_put(p->ctl_win, peer, off, &value, sizeof(value)));
+    EMA_CHECK(ema_win_flush(p->ctl_win, peer));
+}
+
+/* Origin: switch the target to @kind and wait until it has switched. */
+static void perf_cmd(perf_t *p, int kind)
+{
+    uint64_t cmd = (++p->seq << 8) | (uint64_t)kind;
+    double t0 = perf_now();
+
+    perf_ctl_put(p, PERF_TARGET, CTL_CMD, cmd);
+    while (perf_ctl_load(p, CTL_ACK) != cmd) {
+        ema_progress(); /* in case EMA_PROGRESS_THREAD=0 here */
+        sched_yield();
+        if (perf_now() - t0 > 60.0) {
+            perf_die("the target did not acknowledge command %" PRIx64 " in 60 s", cmd);
+        }
+    }
+}
+
+/* Target: follow the origin's commands until DONE. */
+static void perf_serve(perf_t *p)
+{
+    int state = CMD_EMA;
+    unsigned naps = 0;
+
+    for (;;) {
+        uint64_t cmd = perf_ctl_load(p, CTL_CMD);
+        if (cmd == p->last_cmd) {
+            if (state == CMD_RAW) {
+                /* the dedicated spinning target of the raw reference */
+                while (perf_ctl_load(p, CTL_CMD) == p->last_cmd) {
+                    ucp_worker_progress(p->worker);
+                }
+            } else {
+                /* EMA's progress thread serves EMA's RMA.  The occasional
+                 * ema_progress() only keeps the protocol from hanging if
+                 * that thread is disabled (EMA_PROGRESS_THREAD=0), which
+                 * makes the EMA columns meaningless. */
+                perf_nap();
+                if (++naps % 64 == 0) {
+                    ema_progress();
+                }
+            }
+            continue;
+        }
+        p->last_cmd = cmd;
+        state = (int)(cmd & 0xff);
+        perf_ctl_put(p, PERF_ORIGIN, CTL_ACK, cmd);
+        if (state == CMD_DONE) {
+            return;
+        }
+    }
+}
+
+/* Both ranks: each reports whether its side of the row was right; returns
+ * 1 if both were. */
+static int perf_agree(perf_t *p, int ok)
+{
+    uint64_t v = (++p->verdict_seq << 1) | (ok ? 1u : 0u);
+    perf_ctl_put(p, 1 - p->rank, CTL_VERDICT, v);
+    EMA_CHECK(ema_barrier());
+    uint64_t peer = perf_ctl_load(p, CTL_VERDICT);
+    if ((peer >> 1) != p->verdict_seq) {
+        perf_die("control protocol out of step (verdict %" PRIx64 ")", peer);
+    }
+    return ok && (peer & 1);
+}
+
+/* ------------------------------------------------------------------------- */
+/* raw UCX                                                                    */
+/* ------------------------------------------------------------------------- */
+
+static void perf_raw_setup(perf_t *p)
+{
+    ucp_config_t *config;
+    ucp_params_t params;
+    ucp_worker_params_t wparams;
+    ucp_worker_attr_t wattr;
+
+    UCX_CHECK(ucp_config_read(NULL, NULL, &config));
+    memset(&params, 0, sizeof(params));
+    params.field_mask        = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED |
+                               UCP_PARAM_FIELD_ESTIMATED_NUM_EPS;
+    params.features          = UCP_FEATURE_RMA | UCP_FEATURE_AMO64 | UCP_FEATURE_AM;
+    params.mt_workers_shared = 1;
+    params.estimated_num_eps = 2;
+    ucs_status_t st = ucp_init(&params, config, &p->ucx);
+    ucp_config_release(config);
+    UCX_CHECK(st);
+
+    memset(&wparams, 0, sizeof(wparams));
+    wparams.field_mask  = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+    wparams.thread_mode = p->o.single ? UCS_THREAD_MODE_SINGLE : UCS_THREAD_MODE_MULTI;
+    UCX_CHECK(ucp_worker_create(p->ucx, &wparams, &p->worker));
+    wattr.field_mask = UCP_WORKER_ATTR_FIELD_THREAD_MODE;
+    UCX_CHECK(ucp_worker_query(p->worker, &wattr));
+    if (wattr.thread_mode != wparams.thread_mode) {
+        perf_die("the raw ucp worker got thread mode %d, not %d", (int)wattr.thread_mode,
+                 (int)wparams.thread_mode);
+    }
+    UCX_CHECK(ucp_worker_get_address(p->worker, &p->addr, &p->addr_len));
+
+    p->memfd = -1;
+    if (p->rank == PERF_TARGET) {
+        /* the same kind of memory as EMA's host arena */
+        long pg    = sysconf(_SC_PAGESIZE);
+        p->raw_len = (p->o.max + (size_t)pg - 1) / (size_t)pg * (size_t)pg;
+        p->memfd   = memfd_create("ema-perf-raw", MFD_CLOEXEC);
+        if (p->memfd < 0 || ftruncate(p->memfd, (off_t)p->raw_len) != 0) {
+            perf_die("memfd_create/ftruncate(%zu) failed: %s", p->raw_len, strerror(errno));
+        }
+        p->raw_base = mmap(NULL, p->raw_len, PROT_READ | PROT_WRITE, MAP_SHARED, p->memfd, 0);
+        if (p->raw_base == MAP_FAILED) {
+            perf_die("mmap(%zu) failed: %s", p->raw_len, strerror(errno));
+        }
+        memset(p->raw_base, 0, p->raw_len); /* fault it in, as a row would */
+
+        ucp_mem_map_params_t mp;
+        memset(&mp, 0, sizeof(mp));
+        mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
+        mp.address    = p->raw_base;
+        mp.length     = p->raw_len;
+        UCX_CHECK(ucp_mem_map(p->ucx, &mp, &p->memh));
+        UCX_CHECK(ucp_rkey_pack(p->ucx, p->memh, &p->rkey_buf, &p->rkey_len));
+    }
+}
+
+/* Exchange worker addresses (and the target's rkey) through the control
+ * window, then connect. */
+static void perf_raw_connect(perf_t *p)
+{
+    int peer = 1 - p->rank;
+    size_t len = sizeof(perf_xchg_t) + p->addr_len + p->rkey_len;
+
+    if (len > CTL_SIZE - CTL_XCHG) {
+        perf_die("raw worker address + rkey (%zu bytes) do not fit the control window", len);
+    }
+    char *blob = calloc(1, len);
+    if (blob == NULL) {
+        perf_die("out of memory");
+    }
+    perf_xchg_t *x = (perf_xchg_t *)blob;
+    x->magic    = XCHG_MAGIC;
+    x->base     = (uint64_t)(uintptr_t)p->raw_base;
+    x->addr_len = (uint32_t)p->addr_len;
+    x->rkey_len = (uint32_t)p->rkey_len;
+    memcpy(blob + sizeof(*x), p->addr, p->addr_len);
+    if (p->rkey_len) {
+        memcpy(blob + sizeof(*x) + p->addr_len, p->rkey_buf, p->rkey_len);
+    }
+    EMA_CHECK(ema_put(p->ctl_win, peer, CTL_XCHG, blob, len));
+    EMA_CHECK(ema_win_flush(p->ctl_win, peer));
+    free(blob);
+    EMA_CHECK(ema_barrier());
+
+    const perf_xchg_t *rx = (const perf_xchg_t *)(p->ctl_base + CTL_XCHG);
+    if (rx->magic != XCHG_MAGIC ||
+        sizeof(*rx) + rx->addr_len + rx->rkey_len > CTL_SIZE - CTL_XCHG) {
+        perf_die("bad raw address blob from rank %d", peer);
+    }
+    ucp_ep_params_t ep;
+    memset(&ep, 0, sizeof(ep));
+    ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS;
+    ep.address    = (const ucp_address_t *)((const char *)rx + sizeof(*rx));
+    UCX_CHECK(ucp_ep_create(p->worker, &ep, &p->ep));
+    if (p->rank == PERF_ORIGIN) {
+        if (rx->rkey_len == 0) {
+            perf_die("the target sent no rkey");
+        }
+        UCX_CHECK(ucp_ep_rkey_unpack(p->ep, (const char *)rx + sizeof(*rx) + rx->addr_len,
+                                     &p->rkey));
+        p->raddr = rx->base;
+    }
+    EMA_CHECK(ema_barrier());
+}
+
+static void perf_raw_teardown(perf_t *p)
+{
+    ucp_request_param_t param;
+
+    if (p->rkey != NULL) {
+        ucp_rkey_destroy(p->rkey);
+    }
+    param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    param.flags        = UCP_EP_CLOSE_FLAG_FORCE; /* as EMA: the peer may be gone */
+    ucs_status_ptr_t sp = ucp_ep_close_nbx(p->ep, &param);
+    if (sp != NULL && !UCS_PTR_IS_ERR(sp)) {
+        while (ucp_request_check_status(sp) == UCS_INPROGRESS) {
+            ucp_worker_progress(p->worker);
+        }
+        ucp_request_free(sp);
+    }
+    if (p->memh != NULL) {
+        ucp_rkey_buffer_release(p->rkey_buf);
+        ucp_mem_unmap(p->ucx, p->memh);
+        munmap(p->raw_base, p->raw_len);
+        close(p->memfd);
+    }
+    ucp_worker_release_address(p->worker, p->addr);
+    ucp_worker_destroy(p->worker);
+    ucp_cleanup(p->ucx);
+}
+
+static inline void perf_raw_wait(perf_t *p, ucs_status_ptr_t sp, const char *what)
+{
+    if (sp == NULL) {
+        return;
+    }
+    if (UCS_PTR_IS_ERR(sp)) {
+        perf_die("%s failed: %s", what, ucs_status_string(UCS_PTR_STATUS(sp)));
+    }
+    ucs_status_t st;
+    while ((st = ucp_request_check_status(sp)) == UCS_INPROGRESS) {
+        ucp_worker_progress(p->worker);
+    }
+    ucp_request_free(sp);
+    if (st != UCS_OK) {
+        perf_die("%s failed: %s", what, ucs_status_string(st));
+    }
+}
+
+/* ------------------------------------------------------------------------- */
+/* one iteration of each implementation: op + flush                           */
+/* ------------------------------------------------------------------------- */
+
+typedef void (*perf_iter_cb)(perf_t *p, size_t size);
+
+static void perf_ema_put(perf_t *p, size_t size)
+{
+    EMA_CHECK(ema_put(p->data_win, PERF_TARGET, 0, p->buf, size));
+    EMA_CHECK(ema_win_flush(p->data_win, PERF_TARGET));
+}
+
+static void perf_ema_get(perf_t *p, size_t size)
+{
+    EMA_CHECK(ema_get(p->data_win, PERF_TARGET, 0, p->buf, size));
+    EMA_CHECK(ema_win_flush(p->data_win, PERF_TARGET));
+}
+
+static const ucp_request_param_t perf_raw_param = {.op_attr_mask = 0};
+
+/* The op and the flush are issued back to back and waited for together:
+ * the cheapest correct way to do op + flush with UCX. */
+static void perf_raw_put(perf_t *p, size_t size)
+{
+    ucs_status_ptr_t op = ucp_put_nbx(p->ep, p->buf, size, p->raddr, p->rkey, &perf_raw_param);
+    if (UCS_PTR_IS_ERR(op)) {
+        perf_raw_wait(p, op, "ucp_put_nbx");
+    }
+    ucs_status_ptr_t fl = ucp_ep_flush_nbx(p->ep, &perf_raw_param);
+    perf_raw_wait(p, op, "ucp_put_nbx");
+    perf_raw_wait(p, fl, "ucp_ep_flush_nbx");
+}
+
+static void perf_raw_get(perf_t *p, size_t size)
+{
+    ucs_status_ptr_t op = ucp_get_nbx(p->ep, p->buf, size, p->raddr, p->rkey, &perf_raw_param);
+    if (UCS_PTR_IS_ERR(op)) {
+        perf_raw_wait(p, op, "ucp_get_nbx");
+    }
+    ucs_status_ptr_t fl = ucp_ep_flush_nbx(p->ep, &perf_raw_param);
+    perf_raw_wait(p, op, "ucp_get_nbx");
+    perf_raw_wait(p, fl, "ucp_ep_flush_nbx");
+}
+
+/* ------------------------------------------------------------------------- */
+/* the interleaved driver (origin)                                             */
+/* ------------------------------------------------------------------------- */
+
+typedef struct {
+    perf_iter_cb iter[IMPL_NUM];
+    /* after each block (untimed); returns 0 if the data is right */
+    int (*after_block)(perf_t *p, int op_index, size_t size, int impl);
+} perf_rma_t;
+
+static long perf_iters_for(const perf_t *p, size_t size)
+{
+    if (p->o.iters > 0) {
+        return p->o.iters;
+    }
+    /* many for small sizes, down to 32 at 64 MiB; the time cap bounds the rest */
+    const size_t knee = 64u << 10;
+    long n = (size <= knee) ? 2000 : (long)(2000.0 * (double)knee / (double)size);
+    return n < 32 ? 32 : n;
+}
+
+static void perf_reserve_samples(perf_t *p, size_t n)
+{
+    if (n <= p->cap) {
+        return;
+    }
+    for (int i = 0; i < IMPL_NUM; i++) {
+        double *s = realloc(p->samples[i], n * sizeof(double));
+        if (s == NULL) {
+            perf_die("out of memory for %zu samples", n);
+        }
+        p->samples[i] = s;
+    }
+    p->cap = n;
+}
+
+static int perf_drive(perf_t *p, int op_index, size_t size, const perf_rma_t *rma,
+                      perf_row_t *row)
+{
+    long iters = perf_iters_for(p, size);
+    long block = (iters + BLOCKS_PER_IMPL - 1) / BLOCKS_PER_IMPL;
+    int capped = (p->o.iters <= 0); /* an explicit --iters is honoured exactly */
+    int warm[IMPL_NUM] = {0, 0};
+    double timed = 0.0;
+
+    perf_reserve_samples(p, (size_t)block * BLOCKS_PER_IMPL);
+    p->nsamples[IMPL_EMA] = p->nsamples[IMPL_RAW] = 0;
+
+    for (int b = 0; b < 2 * BLOCKS_PER_IMPL; b++) {
+        /* ABBA: E R R E E R R E ... */
+        int impl = ((b + 1) / 2) % 2 ? IMPL_RAW : IMPL_EMA;
+        perf_iter_cb iter = rma->iter[impl];
+
+        perf_cmd(p, impl == IMPL_RAW ? CMD_RAW : CMD_EMA);
+        if (!warm[impl]) {
+            double t0 = perf_now();
+            for (long i = 0; i < p->o.warmup; i++) {
+                iter(p, size);
+                if (capped && perf_now() - t0 > p->o.time_cap / 20) {
+                    break;
+                }
+            }
+            warm[impl] = 1;
+        }
+        long todo = block;
+        if (!capped) {
+            long left = iters - (long)p->nsamples[impl];
+            todo = left < block ? left : block;
+        }
+        double *s = p->samples[impl] + p->nsamples[impl];
+        for (long i = 0; i < todo; i++) {
+            double t0 = perf_now();
+            iter(p, size);
+            double t1 = perf_now();
+            s[i] = (t1 - t0) * 1e6;
+            timed += t1 - t0;
+        }
+        p->nsamples[impl] += (size_t)todo;
+        if (rma->after_block != NULL && rma->after_block(p, op_index, size, impl) != 0) {
+            perf_cmd(p, CMD_DONE);
+            return -1;
+        }
+        /* stop early only after a complete ABBA quartet */
+        if (capped && (b % 4) == 3 && timed > p->o.time_cap) {
+            break;
+        }
+    }
+    perf_cmd(p, CMD_DONE);
+    for (int i = 0; i < IMPL_NUM; i++) {
+        row->n[i]  = p->nsamples[i];
+        row->us[i] = perf_median(p->samples[i], p->nsamples[i]);
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------------- */
+/* ops                                                                        */
+/* ------------------------------------------------------------------------- */
+
+static int perf_verify(const char *what, const void *buf, size_t size, uint64_t salt)
+{
+    size_t bad = perf_check(buf, size, salt);
+    if (bad != (size_t)-1) {
+        fprintf(stderr, "ema_perf: DATA MISMATCH: %s, size %zu: first wrong byte at offset %zu\n",
+                what, size, bad);
+        return -1;
+    }
+    return 0;
+}
+
+static int perf_measure_put(perf_t *p, int op_index, size_t size, perf_row_t *row)
+{
+    static const perf_rma_t rma = {{perf_ema_put, perf_raw_put}, NULL};
+    uint64_t salt = perf_salt(op_index, size, IMPL_EMA);
+    int ok = 1;
+
+    if (p->rank == PERF_ORIGIN) {
+        perf_fill(p->buf, size, salt);
+    } else {
+        memset(p->data_base, 0, size);
+        memset(p->raw_base, 0, size);
+    }
+    EMA_CHECK(ema_barrier());
+    if (p->rank == PERF_ORIGIN) {
+        ok = perf_drive(p, op_index, size, &rma, row) == 0;
+    } else {
+        perf_serve(p);
+        ok = perf_verify("put, EMA window at the target", p->data_base, size, salt) == 0 &&
+             perf_verify("put, raw UCX buffer at the target", p->raw_base, size, salt) == 0;
+    }
+    return perf_agree(p, ok) ? 0 : -1;
+}
+
+/* get: the origin checks every block, then clears its buffer so that the
+ * next block must bring every byte again */
+static int perf_get_after_block(perf_t *p, int op_index, size_t size, int impl)
+{
+    int rc = perf_verify(impl == IMPL_EMA ? "get from the EMA window" : "get from the raw UCX buffer",
+                         p->buf, size, perf_salt(op_index, size, impl));
+    memset(p->buf, 0, size);
+    return rc;
+}
+
+static int perf_measure_get(perf_t *p, int op_index, size_t size, perf_row_t *row)
+{
+    static const perf_rma_t rma = {{perf_ema_get, perf_raw_get}, perf_get_after_block};
+    int ok = 1;
+
+    if (p->rank == PERF_ORIGIN) {
+        memset(p->buf, 0, size);
+    } else {
+        perf_fill(p->data_base, size, perf_salt(op_index, size, IMPL_EMA));
+        perf_fill(p->raw_base, size, perf_salt(op_index, size, IMPL_RAW));
+    }
+    EMA_CHECK(ema_barrier());
+    if (p->rank == PERF_ORIGIN) {
+        ok = perf_drive(p, op_index, size, &rma, row) == 0;
+    } else {
+        perf_serve(p);
+    }
+    return perf_agree(p, ok) ? 0 : -1;
+}
+
+static const perf_op_t perf_ops[] = {
+    {"put", "ema_put + ema_win_flush vs ucp_put_nbx + ucp_ep_flush_nbx", perf_measure_put},
+    {"get", "ema_get + ema_win_flush vs ucp_get_nbx + ucp_ep_flush_nbx", perf_measure_get},
+};
+#define PERF_NOPS ((int)(sizeof(perf_ops) / sizeof(perf_ops[0])))
+
+/* ------------------------------------------------------------------------- */
+/* main                                                                       */
+/* ------------------------------------------------------------------------- */
+
+static void perf_usage(FILE *f)
+{
+    fprintf(f,
+        "usage: mpirun -n 2 ema_perf [options]\n"
+        "Put and get latency and bandwidth between rank 0 (origin) and rank 1 (target),\n"
+        "each row measured side by side with raw UCX on the same transport.\n"
+        "  --csv              print op,size,ema_us,ema_GBps,ucx_us,ucx_GBps,ratio\n"
+        "  --op NAME          put, get or all (default all); a comma list also works\n"
+        "  --min SIZE         smallest size (default 8); K, M, G suffixes\n"
+        "  --max SIZE         largest size (default 64M); sizes double from --min\n"
+        "  --iters N          timed iterations per size and implementation\n"
+        "                     (default: 2000 up to 64K, fewer above, capped by --time)\n"
+        "  --warmup N         untimed iterations per size and implementation (default 10)\n"
+        "  --time S           seconds of timed work per row when --iters is not given\n"
+        "                     (default 0.25)\n"
+        "  --ucx-thread MODE  raw UCX worker thread mode: multi (default, as EMA's\n"
+        "                     worker) or single\n"
+        "  -v, --verbose      also print the transports and lanes in use\n"
+        "  -h, --help         this help\n"
+        "Columns: median latency of one op + flush in microseconds, GB/s = size /\n"
+        "median latency (1 GB = 1e9 bytes), ratio = ucx_us / ema_us: above 1 EMA is\n"
+        "faster than raw UCX, below 1 it is slower.\n"
+        "Unless EMA_DEVICE_MEMORY is set, the capacity is max(1G, 2 * --max).\n");
+}
+
+static int perf_is_rank0_env(void)
+{
+    /* before ema_init: only the first process prints usage errors */
+    const char *r = getenv("PMIX_RANK");
+    return r == NULL || strcmp(r, "0") == 0;
+}
+
+static int perf_parse(int argc, char **argv, perf_opts_t *o)
+{
+    static const struct option longopts[] = {
+        {"csv", no_argument, NULL, 'c'},        {"op", required_argument, NULL, 'o'},
+        {"min", required_argument, NULL, 'm'},  {"max", required_argument, NULL, 'M'},
+        {"iters", required_argument, NULL, 'n'}, {"warmup", required_argument, NULL, 'w'},
+        {"time", required_argument, NULL, 't'}, {"ucx-thread", required_argument, NULL, 'T'},
+        {"verbose", no_argument, NULL, 'v'},    {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0}};
+    int opt;
+    char *end;
+
+    memset(o, 0, sizeof(*o));
+    snprintf(o->ops, sizeof(o->ops), "all");
+    o->min      = 8;
+    o->max      = 64u << 20;
+    o->iters    = -1;
+    o->warmup   = 10;
+    o->time_cap = 0.25;
+    opterr = perf_is_rank0_env();
+    while ((opt = getopt_long(argc, argv, "vh", longopts, NULL)) != -1) {
+        switch (opt) {
+        case 'c': o->csv = 1; break;
+        case 'v': o->verbose = 1; break;
+        case 'o': snprintf(o->ops, sizeof(o->ops), "%s", optarg); break;
+        case 'm':
+            if (perf_parse_size(optarg, &o->min) != 0 || o->min == 0) return -1;
+            break;
+        case 'M':
+            if (perf_parse_size(optarg, &o->max) != 0 || o->max == 0) return -1;
+            break;
+        case 'n':
+            o->iters = strtol(optarg, &end, 10);
+            if (*end != '\0' || o->iters <= 0) return -1;
+            break;
+        case 'w':
+            o->warmup = strtol(optarg, &end, 10);
+            if (*end != '\0' || o->warmup < 0) return -1;
+            break;
+        case 't':
+            o->time_cap = strtod(optarg, &end);
+            if (*end != '\0' || !(o->time_cap > 0)) return -1;
+            break;
+        case 'T':
+            if (strcmp(optarg, "multi") == 0) o->single = 0;
+            else if (strcmp(optarg, "single") == 0) o->single = 1;
+            else return -1;
+            break;
+        case 'h': return 1;
+        default: return -1;
+        }
+    }
+    if (optind != argc || o->max < o->min) {
+        return -1;
+    }
+    return 0;
+}
+
+/* Which ops --op selects: a bit per perf_ops[] entry, or 0 if a name is unknown. */
+static unsigned perf_select_ops(const char *list)
+{
+    unsigned mask = 0;
+    char tmp[256];
+    size_t n = strnlen(list, sizeof(tmp) - 1);
+    memcpy(tmp, list, n);
+    tmp[n] = '\0';
+    for (char *save, *tok = strtok_r(tmp, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        if (strcmp(tok, "all") == 0) {
+            mask |= (1u << PERF_NOPS) - 1;
+            continue;
+        }
+        int i;
+        for (i = 0; i < PERF_NOPS && strcmp(tok, perf_ops[i].name) != 0; i++) {
+        }
+        if (i == PERF_NOPS) {
+            return 0;
+        }
+        mask |= 1u << i;
+    }
+    return mask;
+}
+
+static void perf_print_header(perf_t *p)
+{
+    if (p->o.csv) {
+        printf("op,size,ema_us,ema_GBps,ucx_us,ucx_GBps,ratio\n");
+        return;
+    }
+    printf("# ema_perf %s: rank 0 (origin) -> rank 1 (target), host memory\n",
+           ema_version_string());
+    ema_info_print(stdout, EMA_INFO_TRANSPORT);
+    printf("# raw UCX %s: own context and worker (thread mode %s), target buffer a memfd\n"
+           "#   registered without UCP_MEM_MAP_ALLOCATE, target spinning on ucp_worker_progress\n",
+           ucp_get_version_string(), p->o.single ? "single" : "multi");
+    printf("# us: median of one op + flush; GB/s = size / median (1 GB = 1e9 B)\n"
+           "# ratio = ucx_us / ema_us: > 1 EMA faster, < 1 EMA slower than raw UCX\n");
+    printf("%-4s %8s %10s %9s %10s %9s %7s %7s\n", "op", "size", "ema_us", "ema_GB/s", "ucx_us",
+           "ucx_GB/s", "ratio", "iters");
+}
+
+static void perf_print_row(perf_t *p, const char *op, size_t size, const perf_row_t *row)
+{
+    double e = row->us[IMPL_EMA], u = row->us[IMPL_RAW];
+    double egb = e > 0 ? (double)size / (e * 1e3) : 0.0;
+    double ugb = u > 0 ? (double)size / (u * 1e3) : 0.0;
+    double ratio = e > 0 ? u / e : 0.0;
+
+    if (p->o.csv) {
+        printf("%s,%zu,%.3f,%.4f,%.3f,%.4f,%.3f\n", op, size, e, egb, u, ugb, ratio);
+    } else {
+        char s[32];
+        printf("%-4s %8s %10.3f %9.4f %10.3f %9.4f %7.3f %7zu\n", op,
+               perf_size_str(size, s, sizeof(s)), e, egb, u, ugb, ratio, row->n[IMPL_EMA]);
+    }
+    fflush(stdout);
+}
+
+int main(int argc, char **argv)
+{
+    perf_t perf, *p = &perf;
+    ema_init_params_t ip;
+    int size, rc;
+
+    memset(p, 0, sizeof(*p));
+    rc = perf_parse(argc, argv, &p->o);
+    if (rc != 0) {
+        if (perf_is_rank0_env()) {
+            perf_usage(rc > 0 ? stdout : stderr);
+        }
+        return rc > 0 ? 0 : 2;
+    }
+    unsigned opmask = perf_select_ops(p->o.ops);
+    if (opmask == 0) {
+        if (perf_is_rank0_env()) {
+            fprintf(stderr, "ema_perf: unknown --op '%s'\n", p->o.ops);
+            perf_usage(stderr);
+        }
+        return 2;
+    }
+
+    memset(&ip, 0, sizeof(ip));
+    if (getenv("EMA_DEVICE_MEMORY") == NULL) {
+        /* room for the target's part; EMA_DEVICE_MEMORY, when set, wins */
+        ip.field_mask    = EMA_INIT_PARAM_FIELD_DEVICE_MEMORY;
+        ip.device_memory = 2 * p->o.max > (1ul << 30) ? 2 * p->o.max : (1ul << 30);
+    }
+    EMA_CHECK(ema_init(&ip));
+    EMA_CHECK(ema_world_rank(&p->rank));
+    EMA_CHECK(ema_world_size(&size));
+    if (size != 2) {
+        if (p->rank == 0) {
+            fprintf(stderr, "ema_perf: needs exactly 2 ranks (mpirun -n 2 ema_perf), got %d\n",
+                    size);
+        }
+        ema_finalize();
+        return 2;
+    }
+
+    EMA_CHECK(ema_win_allocate(CTL_SIZE, NULL, (void **)&p->ctl_base, &p->ctl_win));
+    memset(p->ctl_base, 0, CTL_SIZE);
+    ema_status_t st = ema_win_allocate(p->rank == PERF_TARGET ? p->o.max : 0, NULL,
+                                       (void **)&p->data_base, &p->data_win);
+    if (st != EMA_SUCCESS) {
+        perf_die("ema_win_allocate(%zu bytes on the target) failed: %s%s", p->o.max,
+                 ema_strerror(st),
+                 st == EMA_ERR_NO_MEMORY ? " (raise EMA_DEVICE_MEMORY or lower --max)" : "");
+    }
+    if (p->rank == PERF_ORIGIN) {
+        if (posix_memalign((void **)&p->buf, 2u << 20, p->o.max) != 0) {
+            perf_die("out of memory for a %zu-byte buffer", p->o.max);
+        }
+        memset(p->buf, 0, p->o.max);
+    } else {
+        memset(p->data_base, 0, p->o.max);
+    }
+    EMA_CHECK(ema_barrier());
+
+    perf_raw_setup(p);
+    perf_raw_connect(p);
+
+    if (p->rank == PERF_ORIGIN) {
+        perf_print_header(p);
+        if (p->o.verbose && !p->o.csv) {
+            printf("# raw UCX endpoint to the target:\n");
+            ucp_ep_print_info(p->ep, stdout);
+        }
+    }
+
+    rc = 0;
+    for (int i = 0; i < PERF_NOPS && rc == 0; i++) {
+        if (!(opmask & (1u << i))) {
+            continue;
+        }
+        for (size_t s = p->o.min; s <= p->o.max && rc == 0; s *= 2) {
+            perf_row_t row;
+            memset(&row, 0, sizeof(row));
+            if (perf_ops[i].measure(p, i, s, &row) != 0) {
+                rc = 1;
+                break;
+            }
+            if (p->rank == PERF_ORIGIN) {
+                perf_print_row(p, perf_ops[i].name, s, &row);
+            }
+            if (s > p->o.max / 2) {
+                break; /* no overflow past --max */
+            }
+        }
+    }
+    if (rc != 0 && p->rank == PERF_ORIGIN) {
+        fprintf(stderr, "ema_perf: stopped: data verification failed\n");
+    }
+
+    EMA_CHECK(ema_barrier());
+    perf_raw_teardown(p);
+    EMA_CHECK(ema_barrier());
+    for (int i = 0; i < IMPL_NUM; i++) {
+        free(p->samples[i]);
+    }
+    free(p->buf);
+    EMA_CHECK(ema_win_free(p->data_win));
+    EMA_CHECK(ema_win_free(p->ctl_win));
+    EMA_CHECK(ema_finalize());
+    return rc;
+}

@@ -1,0 +1,14 @@
+#!/bin/sh
+# test_elastic default on 4 ranks: grow past capacity, base pointer, explicit and implicit
+# reclaim, acquire/release, puts and gets racing a migration, argument checks. 16 segments of
+# 1M per rank, nothing reserved, spill to host.
+if [ -z "$MPIRUN" ]; then
+    echo "SKIP: no mpirun found by configure (MPIRUN is empty)"
+    exit 77
+fi
+EMA_DEVICE_MEMORY=16M; export EMA_DEVICE_MEMORY
+EMA_SEGMENT_SIZE=1M; export EMA_SEGMENT_SIZE
+EMA_LEND_RESERVE=0; export EMA_LEND_RESERVE
+EMA_SPILL=host; export EMA_SPILL
+exec "$MPIRUN" --oversubscribe --timeout 120 -x EMA_DEVICE_MEMORY -x EMA_SEGMENT_SIZE -x EMA_LEND_RESERVE -x EMA_SPILL \
+    -n 4 "$top_builddir/tests/mpi/test_elastic" default

@@ -9,5 +9,6 @@ EMA_DEVICE_MEMORY=16M; export EMA_DEVICE_MEMORY
 EMA_SEGMENT_SIZE=1M; export EMA_SEGMENT_SIZE
 EMA_LEND_RESERVE=13M; export EMA_LEND_RESERVE
 EMA_SPILL=host; export EMA_SPILL
-exec "$MPIRUN" --oversubscribe --timeout 120 -x EMA_DEVICE_MEMORY -x EMA_SEGMENT_SIZE -x EMA_LEND_RESERVE -x EMA_SPILL \
+EMA_SPILL_SIZE=64M; export EMA_SPILL_SIZE
+exec "$MPIRUN" --oversubscribe --timeout 120 -x EMA_DEVICE_MEMORY -x EMA_SEGMENT_SIZE -x EMA_LEND_RESERVE -x EMA_SPILL -x EMA_SPILL_SIZE \
     -n 4 "$top_builddir/tests/mpi/test_elastic" spill

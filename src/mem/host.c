@@ -135,6 +135,31 @@ static ema_status_t ema_host_unmap(ema__mem_arena_t *arena, void *addr, size_t l
     return EMA_SUCCESS;
 }
 
+static ema_status_t ema_host_attach(const ema__mem_export_t *exp, void **addr_p)
+{
+    char path[64];
+    snprintf(path, sizeof(path), "/proc/%d/fd/%d", (int)exp->pid, (int)exp->fd);
+    int fd = open(path, O_RDWR | O_CLOEXEC);
+    if (fd < 0) {
+        ema_warn("open(%s) to map a peer's memory failed: %m", path);
+        return (errno == ENOENT || errno == ESRCH) ? EMA_ERR_PEER_LOST : EMA_ERR_IO;
+    }
+    void *p = mmap(NULL, exp->capacity, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (p == MAP_FAILED) {
+        ema_warn("mmap of pid %d's memory (%lu bytes) failed: %m", (int)exp->pid,
+                 (unsigned long)exp->capacity);
+        return EMA_ERR_NO_RESOURCE;
+    }
+    *addr_p = p;
+    return EMA_SUCCESS;
+}
+
+static void ema_host_detach(void *addr, size_t len)
+{
+    munmap(addr, len);
+}
+
 static ema_status_t ema_host_copy(ema__mem_arena_t *arena, void *dst, const void *src,
                                   size_t len)
 {
@@ -157,5 +182,7 @@ const ema__mem_ops_t ema__mem_host_ops = {
     .seg_handle           = ema_host_seg_handle,
     .map                  = ema_host_map,
     .unmap                = ema_host_unmap,
+    .attach               = ema_host_attach,
+    .detach               = ema_host_detach,
     .copy                 = ema_host_copy,
 };

@@ -55,6 +55,11 @@ typedef struct ema__mem_ops {
                         uint32_t seg, int64_t handle, void *addr);
     /* Unmap whatever is mapped at [addr, addr+len), keeping the reservation. */
     ema_status_t (*unmap)(ema__mem_arena_t *arena, void *addr, size_t len);
+    /* Map the whole arena described by @exp (a peer's) for direct loads and
+     * stores from this process; NULL where the kind cannot (cuda: device
+     * memory is reached through UCX). */
+    ema_status_t (*attach)(const ema__mem_export_t *exp, void **addr_p);
+    void         (*detach)(void *addr, size_t len);
     /* Copy between any two addresses of this kind. */
     ema_status_t (*copy)(ema__mem_arena_t *arena, void *dst, const void *src, size_t len);
 } ema__mem_ops_t;

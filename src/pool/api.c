@@ -214,12 +214,12 @@ EMA_EXPORT ema_status_t ema_reclaim_release(size_t bytes)
     }
     ema__pool_t *pool = ema__pool_world;
     size_t seg = pool->win->seg_size;
-    uint32_t n = (uint32_t)((bytes + seg - 1) / seg);
+    size_t n = bytes / seg + (bytes % seg != 0); /* no overflow near SIZE_MAX */
     pthread_mutex_lock(&pool->lock);
     if (bytes == 0 || n > pool->withheld) {
         status = EMA_ERR_INVALID_PARAM;
     } else {
-        pool->withheld -= n;
+        pool->withheld -= (uint32_t)n;
     }
     pthread_mutex_unlock(&pool->lock);
     return status;
@@ -262,6 +262,19 @@ static ema_status_t ema_pool_hold(ema_win_h win, size_t offset, size_t len, int 
     }
     for (uint32_t i = first; i <= last; i++) {
         atomic_fetch_add(&win->held[i], delta);
+        /* A segment already being moved is not ours to hold until the move
+         * is over; the mover re-checks held after marking it (seq_cst on
+         * both sides), so one of the two always sees the other. */
+        while (delta > 0 && (atomic_load(&part->loc[i]) & EMA_LOC_MOVING)) {
+            atomic_fetch_sub(&win->held[i], 1);
+            while (atomic_load(&part->loc[i]) & EMA_LOC_MOVING) {
+                if (ema__xport_progress(win->ctx->xp) +
+                        ema__xport_run_deferred(win->ctx->xp, 1) == 0) {
+                    ema__xport_idle(win->ctx->xp);
+                }
+            }
+            atomic_fetch_add(&win->held[i], 1);
+        }
     }
     return EMA_SUCCESS;
 }

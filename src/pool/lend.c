@@ -414,13 +414,31 @@ ema_status_t ema__pool_migrate(ema__pool_t *pool, ema_win_h win, uint32_t idx, i
     if (win->reclaim_cb != NULL) {
         win->reclaim_cb(win, (size_t)idx * seg, seg, win->reclaim_arg);
     }
-    /* Held with ema_win_acquire: wait for the owner to release it. */
-    while (atomic_load(&win->held[idx]) > 0) {
-        if (ema__xport_progress(pool->xp) + ema__xport_run_deferred(pool->xp, 1) == 0) {
-            ema__xport_idle(pool->xp);
+    for (;;) {
+        /* Held with ema_win_acquire: wait, without the window's lock, for
+         * the owner to release it. */
+        while (atomic_load(&win->held[idx]) > 0) {
+            pthread_mutex_unlock(&win->lock);
+            if (ema__xport_progress(pool->xp) + ema__xport_run_deferred(pool->xp, 1) == 0) {
+                ema__xport_idle(pool->xp);
+            }
+            pthread_mutex_lock(&win->lock);
         }
+        if ((atomic_load(&part->loc[idx]) & ~EMA_LOC_MOVING) != old ||
+            idx >= atomic_load(&part->nsegs)) {
+            /* shrunk or moved meanwhile: the old memory is released already,
+             * and the new memory is not needed */
+            ema__pool_release_loc(pool, loc);
+            return EMA_SUCCESS;
+        }
+        status = ema__win_invalidate(win, idx, 1);
+        if (status != EMA_SUCCESS || atomic_load(&win->held[idx]) == 0) {
+            break;
+        }
+        /* acquired while we marked it: put it back in service, wait again */
+        atomic_store(&part->loc[idx], old);
+        ema__win_publish(win, idx, 1);
     }
-    status = ema__win_invalidate(win, idx, 1);
     if (status == EMA_SUCCESS) {
         status = ema__win_seg_move(win, idx, loc, handle);
     }

@@ -26,6 +26,17 @@ unsigned ema__progress_once(ema__progress_t *pg)
     return n;
 }
 
+/* The thread's pass: while an application thread is itself progressing
+ * the worker (waiting on a request), taking the worker's lock too would
+ * only slow it down. */
+static unsigned ema_progress_thread_once(ema__progress_t *pg)
+{
+    if (atomic_load_explicit(&pg->xp->app_waiters, memory_order_relaxed) > 0) {
+        return (unsigned)ema__xport_run_deferred(pg->xp, 0);
+    }
+    return ema__progress_once(pg);
+}
+
 static void *ema_progress_main(void *arg)
 {
     ema__progress_t *pg = arg;
@@ -34,7 +45,7 @@ static void *ema_progress_main(void *arg)
     struct pollfd pfd   = {.fd = xp->efd, .events = POLLIN};
 
     while (!atomic_load_explicit(&pg->stop, memory_order_relaxed)) {
-        if (ema__progress_once(pg) > 0) {
+        if (ema_progress_thread_once(pg) > 0) {
             idle = 0;
             continue;
         }

@@ -107,13 +107,19 @@ static void ema_win_job(void *arg)
         reply.type = EMA_WIN_MSG_TABLE_REP;
         if (win != NULL && m->part == ctx->rank) {
             ema__win_part_t *p = &win->parts[ctx->rank];
-            pthread_mutex_lock(&win->lock); /* a consistent table */
-            reply.version = atomic_load(&p->version);
-            reply.size    = atomic_load(&p->size);
-            reply.nsegs   = atomic_load(&p->nsegs);
-            reply.count   = reply.nsegs;
-            locs = ema_win_snapshot(win, 0, reply.count);
-            pthread_mutex_unlock(&win->lock);
+            /* No lock: the owner may hold the window's lock while it waits
+             * for this very rank.  A snapshot that changed under us (the
+             * version moved) is taken again; a location still marked
+             * MOVING stays marked in the requester's cache until the
+             * owner's UPDATE arrives. */
+            do {
+                free(locs);
+                reply.version = atomic_load(&p->version);
+                reply.size    = atomic_load(&p->size);
+                reply.nsegs   = atomic_load(&p->nsegs);
+                reply.count   = reply.nsegs;
+                locs = ema_win_snapshot(win, 0, reply.count);
+            } while (locs != NULL && atomic_load(&p->version) != reply.version);
         }
         ema_win_send(ctx, job->src, &reply, locs, locs ? reply.count : 0);
         free(locs);

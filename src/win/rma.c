@@ -124,10 +124,53 @@ static inline ucs_status_ptr_t ema_rma_issue(ema__win_ctx_t *ctx, ema_op_t op, i
                               : ucp_get_nbx(ep, buf, len, raddr, rkey, param);
 }
 
+/* Direct access (host kind): the run's bytes are copied with the CPU into
+ * or out of the holder's memory, mapped in this process. */
+static inline char *ema_rma_local(ema__win_ctx_t *ctx, int rank, int tier, uint64_t raddr)
+{
+    return ctx->peer_base[tier][rank] + (raddr - ctx->mr[tier].bases[rank]);
+}
+
+static ema_status_t ema_rma_direct(ema_win_h win, ema_op_t op, int rank, size_t offset,
+                                   void *buf, size_t len)
+{
+    ema__win_ctx_t *ctx   = win->ctx;
+    ema__win_part_t *part = &win->parts[rank];
+    int trank, tier;
+    uint64_t raddr;
+    size_t n;
+
+    while (len > 0) {
+        /* inflight covers the copy: a migration waits for it to finish */
+        atomic_fetch_add(&ctx->inflight, 1);
+        while ((n = ema_rma_run(win, part, offset, len, &trank, &tier, &raddr)) == 0) {
+            ema_rma_wait_moving(ctx);
+        }
+        if (n == SIZE_MAX) {
+            atomic_fetch_sub(&ctx->inflight, 1);
+            return EMA_ERR_RANGE;
+        }
+        char *p = ema_rma_local(ctx, trank, tier, raddr);
+        if (op == EMA_OP_PUT) {
+            memcpy(p, buf, n);
+        } else {
+            memcpy(buf, p, n);
+        }
+        atomic_fetch_sub_explicit(&ctx->inflight, 1, memory_order_release);
+        buf = (char *)buf + n;
+        offset += n;
+        len -= n;
+    }
+    return EMA_SUCCESS;
+}
+
 /* Blocking: issue every run, then wait for all of them. */
 static ema_status_t ema_rma_blocking(ema_win_h win, ema_op_t op, int rank, size_t offset,
                                      void *buf, size_t len)
 {
+    if (win->ctx->direct) {
+        return ema_rma_direct(win, op, rank, offset, buf, len);
+    }
     ema__win_ctx_t *ctx = win->ctx;
     ema__win_part_t *part = &win->parts[rank];
     ucp_request_param_t param;
@@ -189,6 +232,14 @@ static ema_status_t ema_rma_nb(ema_win_h win, ema_op_t op, int rank, size_t offs
     if (len == 0) {
         *req_p = &ema_req_done;
         return EMA_SUCCESS;
+    }
+    if (ctx->direct) {
+        /* a copy completes at once: the request is born complete */
+        ema_status_t status = ema_rma_direct(win, op, rank, offset, buf, len);
+        if (status == EMA_SUCCESS) {
+            *req_p = &ema_req_done;
+        }
+        return status;
     }
     atomic_fetch_add(&ctx->inflight, 1);
     while ((n = ema_rma_run(win, part, offset, len, &trank, &tier, &raddr)) == 0) {
@@ -394,6 +445,10 @@ EMA_EXPORT ema_status_t ema_win_flush(ema_win_h win, int rank)
     if (rank < 0 || rank >= win->ctx->size) {
         return EMA_ERR_INVALID_RANK;
     }
+    if (win->ctx->direct) {
+        atomic_thread_fence(memory_order_seq_cst); /* copies are complete */
+        return EMA_SUCCESS;
+    }
     /* Flush the endpoint of every rank holding a segment of the part; the
      * common case is one rank, the owner.  Large worlds flush the worker. */
     ema__win_part_t *part = &win->parts[rank];
@@ -429,6 +484,10 @@ EMA_EXPORT ema_status_t ema_win_flush_all(ema_win_h win)
     if (status != EMA_SUCCESS) {
         return status;
     }
+    if (win->ctx->direct) {
+        atomic_thread_fence(memory_order_seq_cst);
+        return EMA_SUCCESS;
+    }
     return ema__xport_flush(win->ctx->xp);
 }
 
@@ -456,6 +515,20 @@ static ema_status_t ema_atomic(ema_win_h win, int rank, size_t offset, ucp_atomi
         return EMA_ERR_RANGE;
     }
 
+    if (ctx->direct) {
+        /* CPU atomics on shared memory are atomic across processes */
+        uint64_t *word = (uint64_t *)ema_rma_local(ctx, trank, tier, raddr);
+        if (op == UCP_ATOMIC_OP_ADD) {
+            *reply = __atomic_fetch_add(word, value, __ATOMIC_SEQ_CST);
+        } else { /* CSWAP: value is the compare value, *reply the new one */
+            uint64_t expected = value;
+            __atomic_compare_exchange_n(word, &expected, *reply, 0, __ATOMIC_SEQ_CST,
+                                        __ATOMIC_SEQ_CST);
+            *reply = expected;
+        }
+        atomic_fetch_sub(&ctx->inflight, 1);
+        return EMA_SUCCESS;
+    }
     ucp_request_param_t param;
     param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_DATATYPE |
                          UCP_OP_ATTR_FIELD_REPLY_BUFFER;

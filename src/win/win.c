@@ -73,6 +73,40 @@ ema_status_t ema__win_ctx_blob(ema__win_ctx_t *ctx, void **blob_p, size_t *len_p
     return EMA_SUCCESS;
 }
 
+/* Map every rank's tiers for direct access where the memory kind allows;
+ * otherwise RMA goes through UCX. */
+static ema_status_t ema_win_ctx_attach(ema__win_ctx_t *ctx)
+{
+    ema__mem_arena_t *dev = ctx->tier[EMA_TIER_DEVICE];
+    if (dev->ops->attach == NULL) {
+        return EMA_SUCCESS;
+    }
+    for (int t = 0; t < EMA_TIER_MAX; t++) {
+        ctx->peer_base[t] = calloc((size_t)(unsigned)ctx->size, sizeof(char *));
+        if (ctx->peer_base[t] == NULL) {
+            return EMA_ERR_NO_MEMORY;
+        }
+        if (ctx->tier[t] == NULL) {
+            continue;
+        }
+        for (int r = 0; r < ctx->size; r++) {
+            void *p;
+            if (r == ctx->rank) {
+                ctx->peer_base[t][r] = ctx->tier[t]->base;
+                continue;
+            }
+            if (ctx->tier[t]->ops->attach(&ctx->exports[t][r], &p) != EMA_SUCCESS) {
+                ema_warn("rank %d's memory cannot be mapped here: put and get go through "
+                         "ucx active messages instead", r);
+                return EMA_SUCCESS; /* direct stays 0 */
+            }
+            ctx->peer_base[t][r] = p;
+        }
+    }
+    ctx->direct = 1;
+    return EMA_SUCCESS;
+}
+
 ema_status_t ema__win_ctx_connect(ema__win_ctx_t *ctx, void *const *blobs, const size_t *lens)
 {
     for (int r = 0; r < ctx->size; r++) {
@@ -105,7 +139,7 @@ ema_status_t ema__win_ctx_connect(ema__win_ctx_t *ctx, void *const *blobs, const
             p += rlen;
         }
     }
-    return EMA_SUCCESS;
+    return ema_win_ctx_attach(ctx);
 
 malformed:
     ema_error("malformed memory description in the modex");
@@ -130,6 +164,14 @@ void ema__win_ctx_cleanup(ema__win_ctx_t *ctx)
         free(w);
     }
     for (int t = 0; t < EMA_TIER_MAX; t++) {
+        for (int r = 0; ctx->peer_base[t] != NULL && r < ctx->size; r++) {
+            if (r != ctx->rank && ctx->peer_base[t][r] != NULL) {
+                ctx->tier[t]->ops->detach(ctx->peer_base[t][r], ctx->exports[t][r].capacity);
+            }
+        }
+        free(ctx->peer_base[t]);
+        ctx->peer_base[t] = NULL;
+        ctx->direct = 0;
         if (ctx->xp != NULL) {
             ema__xport_mr_deregister(ctx->xp, &ctx->mr[t]);
         }

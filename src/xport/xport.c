@@ -34,7 +34,13 @@ ema_status_t ema__xport_status(ucs_status_t status)
 
 void ema__xport_idle(ema__xport_t *xp)
 {
-    sched_yield();
+    /* Spin a while before giving the core away: a yield is a system call,
+     * and a waiter that yields at every empty poll hands its core to the
+     * progress thread, which then contends for the worker. */
+    static __thread unsigned spins;
+    if (++spins % 64 == 0) {
+        sched_yield();
+    }
 }
 
 /* Every AM carries the sender's rank as its UCP header.  The handler's arg is
@@ -97,11 +103,13 @@ ema_status_t ema__xport_wait(ema__xport_t *xp, ucs_status_ptr_t sp, const char *
         ema_error("%s failed: %s", what, ucs_status_string(status));
         return ema__xport_status(status);
     }
+    atomic_fetch_add_explicit(&xp->app_waiters, 1, memory_order_relaxed);
     while ((status = ucp_request_check_status(sp)) == UCS_INPROGRESS) {
         if (ucp_worker_progress(xp->worker) == 0) {
             ema__xport_idle(xp);
         }
     }
+    atomic_fetch_sub_explicit(&xp->app_waiters, 1, memory_order_relaxed);
     ucp_request_free(sp);
     if (status != UCS_OK) {
         ema_error("%s failed: %s", what, ucs_status_string(status));
@@ -183,6 +191,7 @@ ema_status_t ema__xport_create(ema__xport_t *xp, int rank, int size)
     xp->efd  = -1;
     ema__xport_coll_init(xp);
     pthread_mutex_init(&xp->defer_lock, NULL);
+    atomic_init(&xp->app_waiters, 0);
     for (int q = 0; q < 2; q++) {
         xp->defer_head[q] = NULL;
         xp->defer_tail[q] = &xp->defer_head[q];

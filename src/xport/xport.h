@@ -84,6 +84,10 @@ typedef struct ema__xport {
     ema__defer_t   **defer_tail[2];
     atomic_int       defer_count[2];
 
+    /* application threads blocked on a UCX request: the progress thread
+     * leaves the worker to them meanwhile (no lock contention) */
+    atomic_int       app_waiters;
+
     char             transports[256]; /* as UCX reports them, for ema_info */
 } ema__xport_t;
 

@@ -108,6 +108,7 @@ EMA_EXPORT ema_status_t ema_win_grow(ema_win_h win, size_t new_size)
     }
     atomic_store(&part->nsegs, cur + want);
     atomic_store(&part->size, new_size);
+    ema__pool_acq_done(pool, locs, want);
     status = ema__win_publish(win, cur, want);
     pthread_mutex_unlock(&win->lock);
     goto out;

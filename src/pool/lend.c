@@ -96,6 +96,51 @@ static uint32_t ema_pool_lendable_locked(ema__pool_t *pool)
     return nfree > keep ? nfree - keep : 0;
 }
 
+/* Segments granted by peers and not yet in a window table: a recall for
+ * one of them must wait until it is mapped. */
+static void ema_pool_acq_add(ema__pool_t *pool, const ema__loc_t *locs, uint32_t n)
+{
+    pthread_mutex_lock(&pool->acq_lock);
+    if (pool->nacq + n > pool->acq_cap) {
+        size_t cap = (pool->nacq + n) * 2;
+        ema__loc_t *a = realloc(pool->acq, cap * sizeof(*a));
+        if (a == NULL) {
+            pthread_mutex_unlock(&pool->acq_lock);
+            return; /* a recall may then wait for its timeout: logged below */
+        }
+        pool->acq     = a;
+        pool->acq_cap = cap;
+    }
+    memcpy(pool->acq + pool->nacq, locs, n * sizeof(*locs));
+    pool->nacq += n;
+    pthread_mutex_unlock(&pool->acq_lock);
+}
+
+void ema__pool_acq_done(ema__pool_t *pool, const ema__loc_t *locs, uint32_t n)
+{
+    pthread_mutex_lock(&pool->acq_lock);
+    for (uint32_t k = 0; k < n; k++) {
+        for (size_t i = 0; i < pool->nacq; i++) {
+            if (pool->acq[i] == locs[k]) {
+                pool->acq[i] = pool->acq[--pool->nacq];
+                break;
+            }
+        }
+    }
+    pthread_mutex_unlock(&pool->acq_lock);
+}
+
+static int ema_pool_acq_has(ema__pool_t *pool, ema__loc_t loc)
+{
+    int found = 0;
+    pthread_mutex_lock(&pool->acq_lock);
+    for (size_t i = 0; i < pool->nacq && !found; i++) {
+        found = (pool->acq[i] == loc);
+    }
+    pthread_mutex_unlock(&pool->acq_lock);
+    return found;
+}
+
 /* --- lender side ---------------------------------------------------------- */
 
 static void ema_pool_grant(ema__pool_t *pool, int src, const ema_pool_msg_t *req)
@@ -113,7 +158,8 @@ static void ema_pool_grant(ema__pool_t *pool, int src, const ema_pool_msg_t *req
         k = 0;
     }
     for (uint32_t i = 0; i < k; i++) {
-        pool->lent_to[segs[i]] = (int16_t)src;
+        pool->lent_to[segs[i]]  = (int16_t)src;
+        pool->granting[segs[i]] = 1; /* not recalled before the grant is out */
         handles[i] = pool->arena->ops->seg_handle(pool->arena, segs[i]);
     }
     uint64_t left = ema_pool_lendable_locked(pool);
@@ -133,6 +179,11 @@ static void ema_pool_grant(ema__pool_t *pool, int src, const ema_pool_msg_t *req
     if (payload == NULL || ema_pool_send(pool, src, &m, payload, plen) != EMA_SUCCESS) {
         ema_error("cannot answer a borrow request from rank %d", src);
     }
+    pthread_mutex_lock(&pool->lock);
+    for (uint32_t i = 0; i < k; i++) {
+        pool->granting[segs[i]] = 0;
+    }
+    pthread_mutex_unlock(&pool->lock);
     free(payload);
     free(segs);
     free(handles);
@@ -195,6 +246,12 @@ static void ema_pool_am(void *arg, int src, const void *data, size_t len)
         memcpy(w->segs, payload, (size_t)k * sizeof(uint32_t));
         memcpy(w->handles, payload + (size_t)k * sizeof(uint32_t), (size_t)k * sizeof(int64_t));
         w->count = k;
+        /* Tracked from the moment they are ours: a recall of one of them
+         * (sent after this grant) must find it, mapped or about to be. */
+        for (uint32_t i = 0; i < k; i++) {
+            ema__loc_t loc = EMA_LOC(src, EMA_TIER_DEVICE, w->segs[i]);
+            ema_pool_acq_add(pool, &loc, 1);
+        }
         atomic_store(&pool->peer_lendable[src], m.left);
         atomic_store(&w->done, 1);
         break;
@@ -379,6 +436,7 @@ void ema__pool_release_loc(ema__pool_t *pool, ema__loc_t loc)
     uint32_t s = EMA_LOC_SEG(loc);
     int r = EMA_LOC_RANK(loc);
 
+    ema__pool_acq_done(pool, &loc, 1);
     if (EMA_LOC_TIER(loc) == EMA_TIER_SPILL) {
         ema__seg_pool_free(&pool->spill->pool, 1, &s);
         atomic_fetch_sub(&pool->spilled_segs, 1);
@@ -450,6 +508,7 @@ ema_status_t ema__pool_migrate(ema__pool_t *pool, ema_win_h win, uint32_t idx, i
         return status;
     }
     atomic_store(&part->loc[idx], loc);
+    ema__pool_acq_done(pool, &loc, 1);
     ema__win_publish(win, idx, 1);
     ema__pool_release_loc(pool, old);
     atomic_fetch_add(&pool->bytes_migrated, seg);
@@ -462,6 +521,7 @@ static void ema_pool_recall_job(void *arg)
     ema_pool_job_t *job = arg;
     ema__pool_t *pool   = job->pool;
     ema__win_ctx_t *ctx = pool->win;
+    uint32_t retry      = 0;
 
     for (uint32_t k = 0; k < job->msg.count; k++) {
         ema__loc_t want = EMA_LOC(job->src, EMA_TIER_DEVICE, job->segs[k]);
@@ -489,11 +549,21 @@ static void ema_pool_recall_job(void *arg)
             pthread_mutex_unlock(&win->lock);
         }
         if (moved == 0) {
-            /* Not (or no longer) in any window: it was given back already or
-             * is on its way back; nothing to move. */
-            ema_debug("recalled segment %u of rank %d is not mapped here", job->segs[k],
-                      job->src);
+            if (ema_pool_acq_has(pool, want)) {
+                /* granted to a grow or a migration of ours that has not
+                 * mapped it yet: look again once it has */
+                job->segs[retry++] = job->segs[k];
+            } else {
+                /* not ours any more: given back already, or on its way */
+                ema_debug("recalled segment %u of rank %d is not mapped here", job->segs[k],
+                          job->src);
+            }
         }
+    }
+    if (retry > 0) {
+        job->msg.count = retry;
+        ema__xport_defer(pool->xp, 0, ema_pool_recall_job, job);
+        return;
     }
     free(job);
 }
@@ -509,55 +579,74 @@ ema_status_t ema__pool_reclaim(ema__pool_t *pool, uint32_t target, uint64_t time
     double t0 = ema_pool_now_us();
     uint32_t nsegs = pool->arena->pool.nsegs, sent = 0;
     ema_status_t status = EMA_SUCCESS;
+    uint32_t *segs = malloc(sizeof(uint32_t) * (nsegs ? nsegs : 1));
 
+    if (segs == NULL) {
+        return EMA_ERR_NO_MEMORY;
+    }
     pthread_mutex_lock(&pool->lock);
     uint32_t nfree = ema__seg_pool_nfree(&pool->arena->pool);
     uint32_t have  = nfree > pool->withheld ? nfree - pool->withheld : 0;
     uint32_t need  = target > have ? target - have : 0;
     if (need > pool->arena->pool.nlent) {
         pthread_mutex_unlock(&pool->lock);
+        free(segs);
         ema_debug("reclaim of %u segments: %u free, %u lent, the rest backs own windows",
                   target, have, pool->arena->pool.nlent);
         return EMA_ERR_NO_MEMORY;
     }
     pool->withheld += target; /* stop lending them now */
-    /* group the segments to recall by borrower */
-    uint32_t *segs = malloc(sizeof(uint32_t) * (need ? need : 1));
-    for (int b = 0; segs != NULL && b < pool->size && sent < need; b++) {
-        uint32_t n = 0;
-        for (uint32_t s = 0; s < nsegs && sent + n < need; s++) {
-            if (pool->lent_to[s] == b && !pool->recalling[s]) {
-                pool->recalling[s] = 1;
-                segs[n++] = s;
-            }
-        }
-        if (n == 0) {
-            continue;
-        }
-        atomic_fetch_add(&pool->recall_pending, (int)n);
-        pthread_mutex_unlock(&pool->lock);
-        ema_pool_msg_t m;
-        memset(&m, 0, sizeof(m));
-        m.type  = EMA_POOL_MSG_RECALL;
-        m.count = n;
-        ema_pool_send(pool, b, &m, segs, (size_t)n * sizeof(uint32_t));
-        pthread_mutex_lock(&pool->lock);
-        sent += n;
-    }
     pthread_mutex_unlock(&pool->lock);
-    free(segs);
 
-    /* wait for the give-backs */
-    while (atomic_load(&pool->recall_pending) > 0) {
+    /* Recall lent segments, grouped by borrower; one whose grant is still
+     * being sent is recalled on a later pass, so the recall cannot overtake
+     * the grant.  Then wait for the give-backs. */
+    while (sent < need || atomic_load(&pool->recall_pending) > 0) {
+        for (int b = 0; b < pool->size && sent < need; b++) {
+            uint32_t n = 0;
+            pthread_mutex_lock(&pool->lock);
+            for (uint32_t s = 0; s < nsegs && sent + n < need; s++) {
+                if (pool->lent_to[s] == b && !pool->recalling[s] && !pool->granting[s]) {
+                    pool->recalling[s] = 1;
+                    segs[n++] = s;
+                }
+            }
+            if (n > 0) {
+                atomic_fetch_add(&pool->recall_pending, (int)n);
+            }
+            pthread_mutex_unlock(&pool->lock);
+            if (n == 0) {
+                continue;
+            }
+            ema_pool_msg_t m;
+            memset(&m, 0, sizeof(m));
+            m.type  = EMA_POOL_MSG_RECALL;
+            m.count = n;
+            ema_pool_send(pool, b, &m, segs, (size_t)n * sizeof(uint32_t));
+            sent += n;
+        }
         if (timeout_ms != EMA_TIMEOUT_INFINITE &&
             ema_pool_now_us() - t0 > (double)timeout_ms * 1e3) {
             status = EMA_ERR_TIMEOUT;
             break;
         }
+        if (sent >= need && atomic_load(&pool->recall_pending) == 0) {
+            break;
+        }
         if (ema__xport_progress(pool->xp) + ema__xport_run_deferred(pool->xp, 1) == 0) {
             ema__xport_idle(pool->xp);
         }
+        if (sent < need) {
+            /* segments given back meanwhile count too */
+            pthread_mutex_lock(&pool->lock);
+            nfree = ema__seg_pool_nfree(&pool->arena->pool);
+            pthread_mutex_unlock(&pool->lock);
+            if (nfree >= pool->withheld && atomic_load(&pool->recall_pending) == 0) {
+                break;
+            }
+        }
     }
+    free(segs);
     double us = ema_pool_now_us() - t0;
     if (sent > 0) {
         atomic_fetch_add(&pool->reclaims, 1);
@@ -630,10 +719,16 @@ ema_status_t ema__pool_init(ema__pool_t *pool, ema__win_ctx_t *win, ema__mem_are
     pool->size  = win->size;
     pool->reserve_segs = (uint32_t)((pool->cfg.lend_reserve + win->seg_size - 1) / win->seg_size);
     pthread_mutex_init(&pool->lock, NULL);
+    pthread_mutex_init(&pool->acq_lock, NULL);
+    pool->acq     = NULL;
+    pool->nacq    = 0;
+    pool->acq_cap = 0;
     pool->lent_to       = malloc(sizeof(int16_t) * nsegs);
     pool->recalling     = calloc(nsegs, 1);
+    pool->granting      = calloc(nsegs, 1);
     pool->peer_lendable = calloc((size_t)(unsigned)pool->size, sizeof(*pool->peer_lendable));
-    if (pool->lent_to == NULL || pool->recalling == NULL || pool->peer_lendable == NULL) {
+    if (pool->lent_to == NULL || pool->recalling == NULL || pool->granting == NULL ||
+        pool->peer_lendable == NULL) {
         ema__pool_cleanup(pool);
         return EMA_ERR_NO_MEMORY;
     }
@@ -664,6 +759,10 @@ void ema__pool_cleanup(ema__pool_t *pool)
 {
     free(pool->lent_to);
     free(pool->recalling);
+    free(pool->granting);
+    pool->granting = NULL;
+    free(pool->acq);
+    pool->acq = NULL;
     free((void *)pool->peer_lendable);
     pool->lent_to       = NULL;
     pool->recalling     = NULL;

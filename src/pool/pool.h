@@ -46,8 +46,14 @@ typedef struct ema__pool {
     pthread_mutex_t    lock;         /* lender-side bookkeeping below */
     int16_t           *lent_to;      /* [nsegs]: borrower of a lent segment, -1 */
     uint8_t           *recalling;    /* [nsegs]: recall sent, not yet given back */
+    uint8_t           *granting;     /* [nsegs]: lent, grant not sent yet */
     uint32_t           withheld;     /* free segments not to be lent or used */
     atomic_int         recall_pending;
+
+    pthread_mutex_t    acq_lock;      /* granted segments not mapped yet */
+    ema__loc_t        *acq;
+    size_t             nacq;
+    size_t             acq_cap;
 
     _Atomic uint64_t  *peer_lendable; /* [size]: last known, in segments */
     const int         *topo_order;    /* [size-1] static lender order, or NULL */
@@ -72,6 +78,8 @@ void         ema__pool_print_stats(ema__pool_t *pool, FILE *stream);
 uint32_t     ema__pool_acquire_segs(ema__pool_t *pool, uint32_t want, int exclude,
                                     unsigned sources, ema__loc_t *locs, int64_t *handles);
 void         ema__pool_release_loc(ema__pool_t *pool, ema__loc_t loc);
+/* The granted segments @locs are now in a window table (or released). */
+void         ema__pool_acq_done(ema__pool_t *pool, const ema__loc_t *locs, uint32_t n);
 void         ema__pool_giveback(ema__pool_t *pool, int lender, uint32_t count,
                                 const uint32_t *segs);
 /* Move segment @idx of the own part of @win to @target (0: find memory,

@@ -251,6 +251,7 @@ static void ema_pool_am(void *arg, int src, const void *data, size_t len)
         for (uint32_t i = 0; i < k; i++) {
             ema__loc_t loc = EMA_LOC(src, EMA_TIER_DEVICE, w->segs[i]);
             ema_pool_acq_add(pool, &loc, 1);
+            ema_trace("granted segment %u by rank %d", w->segs[i], src);
         }
         atomic_store(&pool->peer_lendable[src], m.left);
         atomic_store(&w->done, 1);
@@ -316,6 +317,9 @@ static uint32_t ema_pool_borrow_from(ema__pool_t *pool, int lender, uint32_t wan
 
 void ema__pool_giveback(ema__pool_t *pool, int lender, uint32_t count, const uint32_t *segs)
 {
+    for (uint32_t i = 0; i < count && ema__log_level >= EMA_LOG_TRACE; i++) {
+        ema_trace("giving back segment %u to rank %d", segs[i], lender);
+    }
     ema_pool_msg_t m;
     memset(&m, 0, sizeof(m));
     m.type  = EMA_POOL_MSG_GIVEBACK;
@@ -450,116 +454,258 @@ void ema__pool_release_loc(ema__pool_t *pool, ema__loc_t loc)
     }
 }
 
+/* Release the memory behind @old[0..n), batching the give-backs per lender. */
+static void ema_pool_release_many(ema__pool_t *pool, const ema__loc_t *old, uint32_t n)
+{
+    uint32_t *segs = malloc(sizeof(uint32_t) * (n ? n : 1));
+    uint8_t *done  = calloc(n ? n : 1, 1);
+
+    for (uint32_t i = 0; segs != NULL && done != NULL && i < n; i++) {
+        int r = EMA_LOC_RANK(old[i]);
+        if (done[i] || EMA_LOC_TIER(old[i]) != EMA_TIER_DEVICE || r == pool->rank) {
+            continue;
+        }
+        uint32_t k = 0;
+        for (uint32_t j = i; j < n; j++) {
+            if (!done[j] && EMA_LOC_TIER(old[j]) == EMA_TIER_DEVICE &&
+                EMA_LOC_RANK(old[j]) == r) {
+                segs[k++] = EMA_LOC_SEG(old[j]);
+                done[j]   = 1;
+            }
+        }
+        ema__pool_giveback(pool, r, k, segs);
+        atomic_fetch_sub(&pool->borrowed_segs, k);
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        if (done == NULL || !done[i]) {
+            ema__pool_release_loc(pool, old[i]);
+        }
+    }
+    free(segs);
+    free(done);
+}
+
+/* Runs of consecutive indices in @idx (sorted): first[] and count[]. */
+static uint32_t ema_pool_runs(const uint32_t *idx, uint32_t n, uint32_t *first, uint32_t *count)
+{
+    uint32_t nruns = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        if (nruns > 0 && idx[i] == first[nruns - 1] + count[nruns - 1]) {
+            count[nruns - 1]++;
+        } else {
+            first[nruns] = idx[i];
+            count[nruns] = 1;
+            nruns++;
+        }
+    }
+    return nruns;
+}
+
+static int ema_pool_cmp_u32(const void *a, const void *b)
+{
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    return (x > y) - (x < y);
+}
+
 /*
- * Move segment @idx of @win's own part to other memory (never @exclude's).
- * Called with win->lock held, from the progress thread (recall) or the
- * owner (shrink).  The old memory is released unless @keep_old.
+ * Move segments @idx[0..n) of @win's own part to other memory, as one batch:
+ * one round of invalidations, the copies, one round of updates, and one
+ * give-back per lender, so moving many segments costs the copy time plus a
+ * few round trips.  Targets are @targets (with @handles) or, if NULL, found
+ * anywhere but at @exclude.  Called with win->lock held.  Segments that
+ * moved or went away meanwhile are skipped.
  */
-ema_status_t ema__pool_migrate(ema__pool_t *pool, ema_win_h win, uint32_t idx, int exclude,
-                               ema__loc_t target, int64_t target_handle)
+ema_status_t ema__pool_migrate_batch(ema__pool_t *pool, ema_win_h win, uint32_t *idx,
+                                     uint32_t n, int exclude, const ema__loc_t *targets,
+                                     const int64_t *handles)
 {
     ema__win_part_t *part = &win->parts[pool->rank];
     size_t seg = pool->win->seg_size;
-    ema__loc_t old = atomic_load(&part->loc[idx]) & ~EMA_LOC_MOVING, loc = target;
-    int64_t handle = target_handle;
-    ema_status_t status;
+    ema_status_t status = EMA_SUCCESS;
+    ema__loc_t *old = calloc(n ? n : 1, sizeof(*old));
+    ema__loc_t *loc = calloc(n ? n : 1, sizeof(*loc));
+    int64_t *hdl    = calloc(n ? n : 1, sizeof(*hdl));
+    uint32_t *first = calloc(n ? n : 1, sizeof(*first));
+    uint32_t *count = calloc(n ? n : 1, sizeof(*count));
+    uint32_t got, nruns, i;
 
-    if (loc == 0 && ema__pool_acquire_segs(pool, 1, exclude, EMA_POOL_FROM_ANY, &loc,
-                                           &handle) != 1) {
-        ema_error("no memory anywhere to move segment %u of window %u", idx, win->id);
-        return EMA_ERR_NO_MEMORY;
+    if (old == NULL || loc == NULL || hdl == NULL || first == NULL || count == NULL) {
+        status = EMA_ERR_NO_MEMORY;
+        goto out;
     }
+    qsort(idx, n, sizeof(*idx), ema_pool_cmp_u32);
+    for (i = 0; i < n; i++) {
+        old[i] = atomic_load(&part->loc[idx[i]]) & ~EMA_LOC_MOVING;
+    }
+    if (targets != NULL) {
+        memcpy(loc, targets, n * sizeof(*loc));
+        memcpy(hdl, handles, n * sizeof(*hdl));
+        got = n;
+    } else {
+        got = ema__pool_acquire_segs(pool, n, exclude, EMA_POOL_FROM_ANY, loc, hdl);
+        if (got < n) {
+            ema_error("no memory anywhere to move %u of %u segments of window %u", n - got, n,
+                      win->id);
+            status = EMA_ERR_NO_MEMORY;
+            n = got; /* move what we can */
+        }
+    }
+    nruns = ema_pool_runs(idx, n, first, count);
     if (win->reclaim_cb != NULL) {
-        win->reclaim_cb(win, (size_t)idx * seg, seg, win->reclaim_arg);
+        for (uint32_t r = 0; r < nruns; r++) {
+            win->reclaim_cb(win, (size_t)first[r] * seg, (size_t)count[r] * seg,
+                            win->reclaim_arg);
+        }
     }
+
     for (;;) {
-        /* Held with ema_win_acquire: wait, without the window's lock, for
-         * the owner to release it. */
-        while (atomic_load(&win->held[idx]) > 0) {
-            pthread_mutex_unlock(&win->lock);
-            if (ema__xport_progress(pool->xp) + ema__xport_run_deferred(pool->xp, 1) == 0) {
-                ema__xport_idle(pool->xp);
+        /* 1. segments held with ema_win_acquire: wait, without the window's
+         * lock, for the owner to release them */
+        for (i = 0; i < n; i++) {
+            while (atomic_load(&win->held[idx[i]]) > 0) {
+                pthread_mutex_unlock(&win->lock);
+                if (ema__xport_progress(pool->xp) + ema__xport_run_deferred(pool->xp, 1) == 0) {
+                    ema__xport_idle(pool->xp);
+                }
+                pthread_mutex_lock(&win->lock);
             }
-            pthread_mutex_lock(&win->lock);
         }
-        if ((atomic_load(&part->loc[idx]) & ~EMA_LOC_MOVING) != old ||
-            idx >= atomic_load(&part->nsegs)) {
-            /* shrunk or moved meanwhile: the old memory is released already,
-             * and the new memory is not needed */
-            ema__pool_release_loc(pool, loc);
-            return EMA_SUCCESS;
+        /* 2. drop the segments that moved or went away meanwhile */
+        uint32_t k = 0;
+        for (i = 0; i < n; i++) {
+            if (idx[i] < atomic_load(&part->nsegs) &&
+                (atomic_load(&part->loc[idx[i]]) & ~EMA_LOC_MOVING) == old[i]) {
+                idx[k] = idx[i];
+                old[k] = old[i];
+                loc[k] = loc[i];
+                hdl[k] = hdl[i];
+                k++;
+            } else {
+                ema__pool_release_loc(pool, loc[i]);
+            }
         }
-        status = ema__win_invalidate(win, idx, 1);
-        if (status != EMA_SUCCESS || atomic_load(&win->held[idx]) == 0) {
+        n     = k;
+        nruns = ema_pool_runs(idx, n, first, count);
+        if (n == 0) {
+            goto out;
+        }
+        /* 3. invalidate them everywhere, in one round */
+        status = ema__win_invalidate_runs(win, first, count, nruns);
+        int held = 0;
+        for (i = 0; i < n; i++) {
+            held |= atomic_load(&win->held[idx[i]]) > 0;
+        }
+        if (status != EMA_SUCCESS || !held) {
             break;
         }
-        /* acquired while we marked it: put it back in service, wait again */
-        atomic_store(&part->loc[idx], old);
-        ema__win_publish(win, idx, 1);
+        /* acquired while we marked them: back in service, wait again */
+        for (i = 0; i < n; i++) {
+            atomic_store(&part->loc[idx[i]], old[i]);
+        }
+        for (uint32_t r = 0; r < nruns; r++) {
+            ema__win_publish(win, first[r], count[r]);
+        }
     }
-    if (status == EMA_SUCCESS) {
-        status = ema__win_seg_move(win, idx, loc, handle);
+
+    /* 4. copy, and map the new memory at the same addresses */
+    uint32_t ok = 0;
+    for (i = 0; i < n; i++) {
+        status = ema__win_seg_move(win, idx[i], loc[i], hdl[i]);
+        if (status != EMA_SUCCESS) {
+            break;
+        }
+        ok++;
     }
-    if (status != EMA_SUCCESS) {
-        /* the old copy is intact: put it back in service */
-        atomic_store(&part->loc[idx], old);
-        ema__win_publish(win, idx, 1);
-        ema__pool_release_loc(pool, loc);
-        return status;
+    /* 5. the new locations (the old ones where a copy failed: that data is
+     * intact, still mapped there), in one round of updates */
+    for (i = 0; i < n; i++) {
+        atomic_store(&part->loc[idx[i]], (i < ok) ? loc[i] : old[i]);
     }
-    atomic_store(&part->loc[idx], loc);
-    ema__pool_acq_done(pool, &loc, 1);
-    ema__win_publish(win, idx, 1);
-    ema__pool_release_loc(pool, old);
-    atomic_fetch_add(&pool->bytes_migrated, seg);
-    return EMA_SUCCESS;
+    ema__pool_acq_done(pool, loc, ok);
+    for (uint32_t r = 0; r < nruns; r++) {
+        ema__win_publish(win, first[r], count[r]);
+    }
+    /* 6. give the old memory back, one message per lender */
+    ema_pool_release_many(pool, old, ok);
+    ema_pool_release_many(pool, loc + ok, n - ok);
+    atomic_fetch_add(&pool->bytes_migrated, (uint64_t)ok * seg);
+out:
+    free(old);
+    free(loc);
+    free(hdl);
+    free(first);
+    free(count);
+    return status;
 }
 
-/* A lender wants these segments back: move the data, give them back. */
+ema_status_t ema__pool_migrate(ema__pool_t *pool, ema_win_h win, uint32_t idx, int exclude,
+                               ema__loc_t target, int64_t target_handle)
+{
+    return ema__pool_migrate_batch(pool, win, &idx, 1, exclude, target ? &target : NULL,
+                                   target ? &target_handle : NULL);
+}
+
+/* A lender wants these segments back: move the data (one batch per
+ * window), give them back. */
 static void ema_pool_recall_job(void *arg)
 {
     ema_pool_job_t *job = arg;
     ema__pool_t *pool   = job->pool;
     ema__win_ctx_t *ctx = pool->win;
-    uint32_t retry      = 0;
+    uint32_t n          = job->msg.count, retry = 0;
+    uint8_t *found      = calloc(n ? n : 1, 1);
+    uint32_t *idx       = calloc(n ? n : 1, sizeof(*idx));
 
-    for (uint32_t k = 0; k < job->msg.count; k++) {
-        ema__loc_t want = EMA_LOC(job->src, EMA_TIER_DEVICE, job->segs[k]);
-        int moved = 0;
-        pthread_mutex_lock(&ctx->lock);
-        ema_win_h win = ctx->wins;
-        pthread_mutex_unlock(&ctx->lock);
-        for (; win != NULL && !moved; win = win->next) {
-            pthread_mutex_lock(&win->lock);
-            if (win->magic == EMA_WIN_MAGIC) {
-                ema__win_part_t *part = &win->parts[pool->rank];
-                uint32_t n = atomic_load(&part->nsegs);
-                for (uint32_t i = 0; i < n; i++) {
-                    if ((atomic_load(&part->loc[i]) & ~EMA_LOC_MOVING) == want) {
-                        /* migrate releases the old segment: the GIVEBACK */
-                        if (ema__pool_migrate(pool, win, i, job->src, 0, 0) == EMA_SUCCESS) {
-                            moved = 1;
-                        } else {
-                            moved = -1;
-                        }
+    if (found == NULL || idx == NULL) {
+        ema_error("out of memory handling a recall from rank %d", job->src);
+        goto out;
+    }
+    pthread_mutex_lock(&ctx->lock);
+    ema_win_h win = ctx->wins;
+    pthread_mutex_unlock(&ctx->lock);
+    for (; win != NULL; win = win->next) {
+        uint32_t m = 0;
+        pthread_mutex_lock(&win->lock);
+        if (win->magic == EMA_WIN_MAGIC) {
+            ema__win_part_t *part = &win->parts[pool->rank];
+            uint32_t ns = atomic_load(&part->nsegs);
+            for (uint32_t i = 0; i < ns; i++) {
+                ema__loc_t l = atomic_load(&part->loc[i]) & ~EMA_LOC_MOVING;
+                if (EMA_LOC_RANK(l) != job->src || EMA_LOC_TIER(l) != EMA_TIER_DEVICE) {
+                    continue;
+                }
+                for (uint32_t k = 0; k < n; k++) {
+                    if (!found[k] && job->segs[k] == EMA_LOC_SEG(l)) {
+                        found[k] = 1;
+                        idx[m++] = i;
                         break;
                     }
                 }
             }
-            pthread_mutex_unlock(&win->lock);
-        }
-        if (moved == 0) {
-            if (ema_pool_acq_has(pool, want)) {
-                /* granted to a grow or a migration of ours that has not
-                 * mapped it yet: look again once it has */
-                job->segs[retry++] = job->segs[k];
-            } else {
-                /* not ours any more: given back already, or on its way */
-                ema_debug("recalled segment %u of rank %d is not mapped here", job->segs[k],
-                          job->src);
+            if (m > 0) {
+                /* the migration gives the old segments back */
+                ema__pool_migrate_batch(pool, win, idx, m, job->src, NULL, NULL);
             }
         }
+        pthread_mutex_unlock(&win->lock);
     }
+    for (uint32_t k = 0; k < n; k++) {
+        if (found[k]) {
+            continue;
+        }
+        if (ema_pool_acq_has(pool, EMA_LOC(job->src, EMA_TIER_DEVICE, job->segs[k]))) {
+            /* granted to a grow or a migration of ours that has not mapped
+             * it yet: look again once it has */
+            job->segs[retry++] = job->segs[k];
+        } else {
+            /* not ours any more: given back already, or on its way */
+            ema_debug("recalled segment %u of rank %d is not mapped here", job->segs[k],
+                      job->src);
+        }
+    }
+out:
+    free(found);
+    free(idx);
     if (retry > 0) {
         job->msg.count = retry;
         ema__xport_defer(pool->xp, 0, ema_pool_recall_job, job);
@@ -628,6 +774,16 @@ ema_status_t ema__pool_reclaim(ema__pool_t *pool, uint32_t target, uint64_t time
         if (timeout_ms != EMA_TIMEOUT_INFINITE &&
             ema_pool_now_us() - t0 > (double)timeout_ms * 1e3) {
             status = EMA_ERR_TIMEOUT;
+            if (ema__log_level >= EMA_LOG_DEBUG) {
+                pthread_mutex_lock(&pool->lock);
+                for (uint32_t s = 0; s < nsegs; s++) {
+                    if (pool->recalling[s]) {
+                        ema_debug("reclaim timed out: segment %u still with rank %d", s,
+                                  pool->lent_to[s]);
+                    }
+                }
+                pthread_mutex_unlock(&pool->lock);
+            }
             break;
         }
         if (sent >= need && atomic_load(&pool->recall_pending) == 0) {
@@ -674,7 +830,7 @@ const ema_config_field_t ema__pool_config_table[] = {
      EMA_POOL_CFG(spill_size), &ema__config_size},
     {"STATS", "n", "print each rank's memory statistics at ema_finalize",
      EMA_POOL_CFG(stats), &ema__config_bool},
-    {"RECLAIM_TIMEOUT", "10",
+    {"RECLAIM_TIMEOUT", "2",
      "seconds a window's grow waits for the memory it lent to come back (implicit reclaim)",
      EMA_POOL_CFG(reclaim_timeout), &ema__config_double},
     EMA_CONFIG_TABLE_END};

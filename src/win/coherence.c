@@ -199,12 +199,13 @@ void ema__win_wait_flag(ema__win_ctx_t *ctx, atomic_int *counter, int target)
     }
 }
 
-ema_status_t ema__win_invalidate(ema_win_h win, uint32_t first, uint32_t count)
+ema_status_t ema__win_invalidate_runs(ema_win_h win, const uint32_t *first,
+                                     const uint32_t *count, uint32_t nruns)
 {
     ema__win_ctx_t *ctx = win->ctx;
     ema_win_waiter_t w;
     ema_win_msg_t m;
-    ema_status_t status;
+    ema_status_t status = EMA_SUCCESS;
     int sent = 0;
 
     atomic_init(&w.done, 0);
@@ -212,23 +213,33 @@ ema_status_t ema__win_invalidate(ema_win_h win, uint32_t first, uint32_t count)
     m.type   = EMA_WIN_MSG_INVAL;
     m.win_id = win->id;
     m.part   = ctx->rank;
-    m.first  = first;
-    m.count  = count;
     m.token  = (uint64_t)(uintptr_t)&w;
-    for (int r = 0; r < ctx->size; r++) {
-        if (r == ctx->rank) {
-            continue;
+    /* every message first, then one wait for all the acknowledgements */
+    for (uint32_t k = 0; k < nruns && status == EMA_SUCCESS; k++) {
+        m.first = first[k];
+        m.count = count[k];
+        for (int r = 0; r < ctx->size && status == EMA_SUCCESS; r++) {
+            if (r == ctx->rank) {
+                continue;
+            }
+            status = ema_win_send(ctx, r, &m, NULL, 0);
+            sent += (status == EMA_SUCCESS);
         }
-        status = ema_win_send(ctx, r, &m, NULL, 0);
-        if (status != EMA_SUCCESS) {
-            ema__win_wait_flag(ctx, &w.done, sent); /* w must outlive replies */
-            return status;
-        }
-        sent++;
     }
-    status = ema__win_inval_local(ctx, win, ctx->rank, first, count);
-    ema__win_wait_flag(ctx, &w.done, sent);
-    return status;
+    for (uint32_t k = 0; k < nruns; k++) {
+        ema__win_part_t *p = &win->parts[ctx->rank];
+        for (uint32_t i = first[k]; i < first[k] + count[k] && i < p->max_segs; i++) {
+            atomic_fetch_or(&p->loc[i], EMA_LOC_MOVING);
+        }
+    }
+    ema_status_t st = ema__win_inval_local(ctx, win, ctx->rank, 0, 0); /* drain and flush */
+    ema__win_wait_flag(ctx, &w.done, sent); /* w must outlive every reply */
+    return (status == EMA_SUCCESS) ? st : status;
+}
+
+ema_status_t ema__win_invalidate(ema_win_h win, uint32_t first, uint32_t count)
+{
+    return ema__win_invalidate_runs(win, &first, &count, 1);
 }
 
 ema_status_t ema__win_publish(ema_win_h win, uint32_t first, uint32_t count)

@@ -167,6 +167,9 @@ void         ema__win_coherence_init(ema__win_ctx_t *ctx);
  * wait for every acknowledgement.  Called from one thread at a time per
  * window (under win->lock); runs quick deferred work while it waits. */
 ema_status_t ema__win_invalidate(ema_win_h win, uint32_t first, uint32_t count);
+/* The same for several runs, in one round of messages and acknowledgements. */
+ema_status_t ema__win_invalidate_runs(ema_win_h win, const uint32_t *first,
+                                     const uint32_t *count, uint32_t nruns);
 /* Owner: send the own part's size and the locations [first, first+count)
  * to every rank (after a grow, shrink or move). */
 ema_status_t ema__win_publish(ema_win_h win, uint32_t first, uint32_t count);

@@ -25,6 +25,7 @@
  */
 #include "pool.h"
 
+#include "topo/topo.h"
 #include "util/log.h"
 
 #include <stdlib.h>
@@ -329,19 +330,33 @@ void ema__pool_giveback(ema__pool_t *pool, int lender, uint32_t count, const uin
     }
 }
 
-/* Peers in the order to ask them for memory: the static topology order
- * (link bandwidth) when there is one, then the most lendable memory last
- * heard of, then the nearest rank. */
+/* Peers in the order to ask them for memory (never @exclude): the
+ * topology's order (a rank on the same GPU, then link bandwidth, then the
+ * most lendable memory last heard of, then NUMA distance); without a
+ * topology, the most lendable memory, then the nearest rank. */
 static int ema_pool_order(ema__pool_t *pool, int exclude, int *order)
 {
     int n = 0;
-    if (pool->topo_order != NULL) {
-        for (int i = 0; i < pool->size - 1; i++) {
-            if (pool->topo_order[i] != exclude) {
-                order[n++] = pool->topo_order[i];
+    if (pool->topo != NULL) {
+        size_t *lendable = malloc(sizeof(size_t) * (size_t)pool->size);
+        int *all = malloc(sizeof(int) * (size_t)pool->size);
+        if (lendable != NULL && all != NULL) {
+            for (int r = 0; r < pool->size; r++) {
+                lendable[r] = (size_t)atomic_load(&pool->peer_lendable[r]) * pool->win->seg_size;
+            }
+            ema__topo_lender_order(pool->topo, pool->gpu_of_rank, pool->numa_of_rank, lendable,
+                                   pool->size, pool->rank, all);
+            for (int i = 0; i < pool->size - 1; i++) {
+                if (all[i] != exclude) {
+                    order[n++] = all[i];
+                }
             }
         }
-        return n;
+        free(lendable);
+        free(all);
+        if (n > 0 || pool->size <= 1) {
+            return n;
+        }
     }
     for (int r = 0; r < pool->size; r++) {
         if (r != pool->rank && r != exclude) {

@@ -56,7 +56,9 @@ typedef struct ema__pool {
     size_t             acq_cap;
 
     _Atomic uint64_t  *peer_lendable; /* [size]: last known, in segments */
-    const int         *topo_order;    /* [size-1] static lender order, or NULL */
+    const struct ema__topo *topo;     /* for the lender order, or NULL */
+    const int         *gpu_of_rank;   /* [size] */
+    const int         *numa_of_rank;  /* [size] */
 
     /* statistics */
     atomic_uint        borrowed_segs;

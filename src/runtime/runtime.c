@@ -46,7 +46,8 @@ static ema_status_t ema_read_config(ema__world_t *w, const ema_init_params_t *pa
         (status = ema__config_read(ema__xport_config_table, &w->xp.cfg)) != EMA_SUCCESS ||
         (status = ema__config_read(ema__progress_config_table, &w->progress.cfg)) !=
             EMA_SUCCESS ||
-        (status = ema__config_read(ema__pool_config_table, &w->pool.cfg)) != EMA_SUCCESS) {
+        (status = ema__config_read(ema__pool_config_table, &w->pool.cfg)) != EMA_SUCCESS ||
+        (status = ema__config_read(ema__topo_config_table, &w->topo_cfg)) != EMA_SUCCESS) {
         return status;
     }
     ema__log_level = (ema_log_level_t)w->cfg.log_level;
@@ -63,6 +64,73 @@ static ema_status_t ema_read_config(ema__world_t *w, const ema_init_params_t *pa
             w->cfg.segment_size = params->segment_size;
         }
     }
+    return EMA_SUCCESS;
+}
+
+static void ema_topo_cleanup(ema__world_t *w)
+{
+    if (w->topo != NULL) {
+        ema__topo_destroy(w->topo);
+    }
+    free(w->gpu_of_rank);
+    free(w->numa_of_rank);
+    w->topo         = NULL;
+    w->gpu_of_rank  = NULL;
+    w->numa_of_rank = NULL;
+}
+
+static ema_status_t ema_topo_setup(ema__world_t *w)
+{
+    int shared = 0;
+
+    if (ema__topo_load(&w->topo) != EMA_SUCCESS) {
+        ema_warn("no topology (hwloc failed): lenders are ordered by lendable memory only");
+        w->topo = NULL;
+        return EMA_SUCCESS;
+    }
+    w->gpu_of_rank  = calloc((size_t)w->boot.size, sizeof(int));
+    w->numa_of_rank = calloc((size_t)w->boot.size, sizeof(int));
+    if (w->gpu_of_rank == NULL || w->numa_of_rank == NULL) {
+        ema_topo_cleanup(w);
+        return EMA_ERR_NO_MEMORY;
+    }
+    ema_status_t status = ema__topo_map_ranks(w->topo, &w->topo_cfg, w->boot.size,
+                                              w->gpu_of_rank, &shared);
+    if (status != EMA_SUCCESS) {
+        ema_topo_cleanup(w);
+        return status;
+    }
+    if (shared && w->boot.rank == 0) {
+        ema_info("several ranks share a GPU, each with its own EMA_DEVICE_MEMORY");
+    }
+    return EMA_SUCCESS;
+}
+
+/* Every rank's NUMA node, once the world is connected. */
+static ema_status_t ema_topo_exchange(ema__world_t *w)
+{
+    void **blobs;
+    size_t *lens;
+    int32_t numa = (w->topo != NULL) ? ema__topo_my_numa(w->topo) : -1;
+
+    if (w->topo == NULL) {
+        return EMA_SUCCESS;
+    }
+    ema_status_t status = ema__xport_allgather(&w->xp, &numa, sizeof(numa), &blobs, &lens);
+    if (status != EMA_SUCCESS) {
+        return status;
+    }
+    for (int r = 0; r < w->boot.size; r++) {
+        int32_t v = -1;
+        if (lens[r] == sizeof(v)) {
+            memcpy(&v, blobs[r], sizeof(v));
+        }
+        w->numa_of_rank[r] = v;
+    }
+    ema__xport_free_blobs(&w->xp, blobs, lens);
+    w->pool.topo         = w->topo;
+    w->pool.gpu_of_rank  = w->gpu_of_rank;
+    w->pool.numa_of_rank = w->numa_of_rank;
     return EMA_SUCCESS;
 }
 
@@ -184,10 +252,19 @@ EMA_EXPORT ema_status_t ema_init(const ema_init_params_t *params)
         status = EMA_ERR_UNSUPPORTED;
         goto err_boot;
     }
+    /* Which GPU each rank uses, and where ranks sit, for the lender order.
+     * One node: world rank r is local rank r. */
+    status = ema_topo_setup(w);
+    if (status != EMA_SUCCESS) {
+        goto err_boot;
+    }
+    int device = (w->gpu_of_rank != NULL && w->gpu_of_rank[w->boot.rank] >= 0)
+                     ? w->gpu_of_rank[w->boot.rank]
+                     : w->boot.local_rank;
     status = ema__mem_arena_create(ops, w->cfg.device_memory,
                                    w->cfg.segment_size ? w->cfg.segment_size
                                                        : ops->default_segment_size,
-                                   w->boot.local_rank, &w->arena);
+                                   device, &w->arena);
     if (status != EMA_SUCCESS) {
         goto err_boot;
     }
@@ -220,6 +297,10 @@ EMA_EXPORT ema_status_t ema_init(const ema_init_params_t *params)
     if (status != EMA_SUCCESS) {
         goto err_win;
     }
+    status = ema_topo_exchange(w);
+    if (status != EMA_SUCCESS) {
+        goto err_pool;
+    }
     status = ema__progress_start(&w->progress, &w->xp);
     if (status != EMA_SUCCESS) {
         goto err_pool;
@@ -244,6 +325,7 @@ err_spill:
 err_arena:
     ema__mem_arena_destroy(w->arena);
     w->arena = NULL;
+    ema_topo_cleanup(w);
 err_boot:
     ema__boot_finalize(&w->boot);
 err_state:
@@ -284,6 +366,7 @@ EMA_EXPORT ema_status_t ema_finalize(void)
     ema__mem_arena_destroy(w->spill);
     w->arena = NULL;
     w->spill = NULL;
+    ema_topo_cleanup(w);
     ema__boot_finalize(&w->boot);
     return status;
 }

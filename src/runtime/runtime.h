@@ -13,6 +13,7 @@
 #include "boot/boot.h"
 #include "mem/mem.h"
 #include "pool/pool.h"
+#include "topo/topo.h"
 #include "progress/progress.h"
 #include "win/win.h"
 #include "xport/xport.h"
@@ -33,6 +34,10 @@ typedef struct ema__world {
     ema__win_ctx_t        win;
     ema__pool_t           pool;
     ema__progress_t       progress;
+    ema__topo_config_t    topo_cfg;
+    ema__topo_t          *topo;          /* NULL if hwloc failed */
+    int                  *gpu_of_rank;   /* [size], -1: no GPU */
+    int                  *numa_of_rank;  /* [size] */
 } ema__world_t;
 
 extern const ema_config_field_t ema__runtime_config_table[];

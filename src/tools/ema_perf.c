@@ -80,6 +80,9 @@
 #define CTL_CMD     0    /* target's part: command from the origin */
 #define CTL_ACK     64   /* origin's part: ack from the target */
 #define CTL_VERDICT 128  /* each part: the peer's verdict of the last row */
+#define CTL_VALUE   192  /* each part: a value the peer sent (perf_exchange) */
+#define CTL_STEP    256  /* each part: the peer's step word (borrow, reclaim) */
+#define CTL_RESULT  320  /* origin's part: the target's reclaim time (double bits) */
 #define CTL_XCHG    4096 /* each part: the peer's raw worker address and rkey */
 #define XCHG_MAGIC  0x656d61706572ull /* "emaper" */
 
@@ -95,6 +98,8 @@ typedef struct {
     long   iters;       /* -1: chosen per size */
     long   warmup;
     double time_cap;    /* seconds of timed work per row, both implementations */
+    size_t reclaim_sizes[16];
+    int    nreclaim;
 } perf_opts_t;
 
 /* the exchange blob each rank puts into its peer's control part */
@@ -115,7 +120,8 @@ typedef struct perf {
     char       *ctl_base;  /* this rank's control part */
     char       *data_base; /* this rank's data part (--max bytes on the target) */
     char       *buf;       /* origin: the local source/destination buffer */
-    uint64_t    seq, last_cmd, verdict_seq;
+    uint64_t    seq, last_cmd, verdict_seq, step_seq;
+    size_t      seg;       /* the segment size (EMA_SEGMENT_SIZE) */
 
     /* raw UCX */
     ucp_context_h ucx;
@@ -140,16 +146,23 @@ typedef struct perf {
 typedef struct {
     double us[IMPL_NUM];  /* median latency, microseconds */
     size_t n[IMPL_NUM];   /* iterations timed */
+    int    no_ref;        /* no reference: the ucx columns are empty ("-") */
+    int    skipped;       /* the size does not fit: no row is printed */
+    long   warmup;        /* untimed iterations made first (borrow) */
 } perf_row_t;
 
 /* One row: collective over both ranks; fills @row on the origin.  Returns 0,
  * or -1 after printing why (the caller stops). */
 typedef int (*perf_measure_cb)(perf_t *p, int op_index, size_t size, perf_row_t *row);
 
+/* The sizes of an op's rows; NULL: --min to --max, doubling. */
+typedef int (*perf_sizes_cb)(perf_t *p, size_t *sizes, int max);
+
 typedef struct {
     const char     *name;
     const char     *help;
     perf_measure_cb measure;
+    perf_sizes_cb   sizes;
 } perf_op_t;
 
 /* ------------------------------------------------------------------------- */
@@ -737,11 +750,404 @@ static int perf_measure_get(perf_t *p, int op_index, size_t size, perf_row_t *ro
     return perf_agree(p, ok) ? 0 : -1;
 }
 
+/* ------------------------------------------------------------------------- */
+/* elastic ops: borrow and reclaim                                            */
+/* ------------------------------------------------------------------------- */
+
+/* Both ranks: send @mine to the peer, return the peer's value. */
+static uint64_t perf_exchange(perf_t *p, uint64_t mine)
+{
+    perf_ctl_put(p, 1 - p->rank, CTL_VALUE, mine);
+    EMA_CHECK(ema_barrier());
+    uint64_t v = perf_ctl_load(p, CTL_VALUE);
+    EMA_CHECK(ema_barrier()); /* the next exchange may not overwrite it before it is read */
+    return v;
+}
+
+/* Step words: (seq << 1) | abort, put into the peer's CTL_STEP. */
+static void perf_step_send(perf_t *p, uint64_t seq, int abort_)
+{
+    perf_ctl_put(p, 1 - p->rank, CTL_STEP, (seq << 1) | (abort_ ? 1u : 0u));
+}
+
+/* Wait, napping (the cores belong to the EMA progress threads meanwhile),
+ * for the peer's step @seq; returns 1 if the peer aborted. */
+static int perf_step_wait(perf_t *p, uint64_t seq)
+{
+    double t0 = perf_now();
+    unsigned naps = 0;
+    for (;;) {
+        uint64_t v = perf_ctl_load(p, CTL_STEP);
+        if ((v >> 1) == seq) {
+            return (int)(v & 1);
+        }
+        perf_nap();
+        if (++naps % 64 == 0) {
+            ema_progress(); /* in case EMA_PROGRESS_THREAD=0 */
+            if (perf_now() - t0 > 300.0) {
+                perf_die("rank %d did not reach step %" PRIu64 " in 300 s", 1 - p->rank, seq);
+            }
+        }
+    }
+}
+
+/*
+ * Before the first borrow or reclaim row: make every rank's free memory
+ * resident.  Each rank's arena is faulted in by its progress thread in the
+ * background after ema_init (8 segments a step); until that is done a
+ * borrow or a migration waits behind those steps and a first touch costs
+ * milliseconds per segment.  A window of all the free memory, written once,
+ * faults it in now, from the main thread.
+ */
+static void perf_settle(perf_t *p)
+{
+    static int settled;
+    ema_win_h w;
+    char *b;
+
+    if (settled) {
+        return;
+    }
+    settled = 1;
+    double t0 = perf_now();
+    size_t len = perf_free();
+    EMA_CHECK(ema_win_allocate(len, NULL, (void **)&b, &w));
+    memset(b, 0, len);
+    EMA_CHECK(ema_barrier());
+    EMA_CHECK(ema_win_free(w));
+    if (p->rank == PERF_ORIGIN && p->o.verbose) {
+        fprintf(stderr, "ema_perf: wrote all free memory (%zu bytes on rank 0) in %.2f s\n",
+                len, perf_now() - t0);
+    }
+}
+
+static size_t perf_round_seg(const perf_t *p, size_t n)
+{
+    return (n + p->seg - 1) / p->seg * p->seg;
+}
+
+static int perf_sizes_borrow(perf_t *p, size_t *sizes, int max)
+{
+    (void)max;
+    sizes[0] = p->seg;
+    return 1;
+}
+
+static int perf_sizes_reclaim(perf_t *p, size_t *sizes, int max)
+{
+    int n = p->o.nreclaim < max ? p->o.nreclaim : max;
+    for (int i = 0; i < n; i++) {
+        sizes[i] = perf_round_seg(p, p->o.reclaim_sizes[i]);
+    }
+    return n;
+}
+
+/* What a rank can give to a peer now: free memory beyond its lending reserve. */
+static size_t perf_lendable(void)
+{
+    ema_mem_stat_t ms;
+    EMA_CHECK(ema_mem_stat(&ms));
+    return ms.bytes_free > ms.reserve ? ms.bytes_free - ms.reserve : 0;
+}
+
+static size_t perf_free(void)
+{
+    ema_mem_stat_t ms;
+    EMA_CHECK(ema_mem_stat(&ms));
+    return ms.bytes_free;
+}
+
+static void perf_note(perf_t *p, const char *fmt, ...)
+{
+    va_list ap;
+    FILE *f = p->o.csv ? stderr : stdout; /* the CSV stays CSV */
+    fprintf(f, p->o.csv ? "ema_perf: " : "# ");
+    va_start(ap, fmt);
+    vfprintf(f, fmt, ap);
+    va_end(ap);
+    fprintf(f, "\n");
+    fflush(f);
+}
+
+/*
+ * borrow: rank 0's window fills all of its own memory, so growing it by one
+ * segment must borrow from rank 1.  Each iteration times ema_win_grow(size +
+ * seg), then (untimed) checks the new segment is borrowed, writes and reads
+ * back a word at its start and its end through the base pointer, and shrinks
+ * back.  Rank 1 naps meanwhile; its progress thread answers the borrows.
+ */
+static int perf_measure_borrow(perf_t *p, int op_index, size_t size, perf_row_t *row)
+{
+    const size_t seg = p->seg;
+    ema_win_h win;
+    char *base;
+    int ok = 1, abort_ = 0;
+
+    row->no_ref = 1;
+    perf_settle(p);
+    uint64_t peer = perf_exchange(p, p->rank == PERF_ORIGIN ? perf_free() : perf_lendable());
+    size_t lender_free = p->rank == PERF_ORIGIN ? (size_t)peer : perf_lendable();
+    if (lender_free < seg) {
+        if (p->rank == PERF_ORIGIN) {
+            perf_note(p, "borrow skipped: rank 1 has %zu bytes to lend, one segment is %zu",
+                      lender_free, seg);
+        }
+        row->skipped = 1;
+        return perf_agree(p, 1) ? 0 : -1;
+    }
+
+    /* rank 0: a window of all its free memory, room to grow */
+    size_t full = p->rank == PERF_ORIGIN ? perf_free() : 0;
+    ema_win_params_t wp = {.field_mask = EMA_WIN_PARAM_FIELD_MAX_SIZE,
+                           .max_size = full + 4 * seg};
+    EMA_CHECK(ema_win_allocate(full, &wp, (void **)&base, &win));
+    EMA_CHECK(ema_barrier());
+
+    if (p->rank == PERF_ORIGIN) {
+        if (perf_free() != 0) {
+            fprintf(stderr, "ema_perf: borrow: rank 0 still has %zu bytes free after a "
+                    "window of %zu bytes\n", perf_free(), full);
+            ok = 0;
+        }
+        long warm  = p->o.warmup;
+        long iters = p->o.iters > 0 ? p->o.iters : 1000;
+        double wall = perf_now();
+        perf_reserve_samples(p, (size_t)iters);
+        size_t n = 0;
+        for (long i = -warm; i < iters && ok; i++) {
+            double t0 = perf_now();
+            ema_status_t st = ema_win_grow(win, full + seg);
+            double t1 = perf_now();
+            if (st != EMA_SUCCESS) {
+                fprintf(stderr, "ema_perf: borrow: ema_win_grow(%zu) failed: %s\n", full + seg,
+                        ema_strerror(st));
+                ok = 0;
+                break;
+            }
+            ema_win_stat_t ws;
+            EMA_CHECK(ema_win_stat(win, &ws));
+            if (ws.bytes_borrowed != seg || ws.size != full + seg) {
+                fprintf(stderr, "ema_perf: borrow: after the grow the window has %zu bytes, "
+                        "%zu borrowed (expected %zu, %zu)\n", ws.size, ws.bytes_borrowed,
+                        full + seg, seg);
+                ok = 0;
+                break;
+            }
+            volatile uint64_t *first = (volatile uint64_t *)(base + full);
+            volatile uint64_t *last  = (volatile uint64_t *)(base + full + seg - 8);
+            uint64_t salt = perf_salt(op_index, size, (int)(i & 0xffff));
+            *first = perf_word(salt, 0);
+            *last  = perf_word(salt, 1);
+            if (*first != perf_word(salt, 0) || *last != perf_word(salt, 1)) {
+                fprintf(stderr, "ema_perf: DATA MISMATCH: borrow, the new segment does not "
+                        "keep what was written\n");
+                ok = 0;
+                break;
+            }
+            EMA_CHECK(ema_win_shrink(win, full));
+            if (i >= 0) {
+                p->samples[IMPL_EMA][n++] = (t1 - t0) * 1e6;
+            }
+            /* an explicit --iters is honoured; else stop after 5 s */
+            if (p->o.iters <= 0 && i >= 50 && perf_now() - wall > 5.0) {
+                break;
+            }
+        }
+        abort_ = !ok;
+        row->n[IMPL_EMA]  = n;
+        row->warmup       = warm;
+        if (n > 0) {
+            double *s = p->samples[IMPL_EMA];
+            row->us[IMPL_EMA] = perf_median(s, n); /* sorts s */
+            if (!p->o.csv) {
+                printf("# borrow: %ld warm-up grows, %zu timed: min %.1f, p10 %.1f, median "
+                       "%.1f, p90 %.1f, p99 %.1f, max %.1f us\n", warm, n, s[0], s[n / 10],
+                       row->us[IMPL_EMA], s[n * 9 / 10], s[n * 99 / 100], s[n - 1]);
+            } else if (p->o.verbose) {
+                fprintf(stderr, "ema_perf: borrow: %ld warm-up grows, %zu timed\n", warm, n);
+            }
+        }
+        perf_step_send(p, ++p->step_seq, abort_);
+    } else {
+        perf_step_wait(p, ++p->step_seq);
+    }
+    EMA_CHECK(ema_barrier());
+    EMA_CHECK(ema_win_free(win));
+    return perf_agree(p, ok) ? 0 : -1;
+}
+
+/*
+ * reclaim of N bytes (rank 1 the lender, rank 0 the borrower):
+ *  - rank 0: window B of all its free memory (its last N bytes touched),
+ *    window C grown by N bytes, which must come from rank 1; rank 1: a window
+ *    that leaves exactly N bytes lendable, so that its reclaim must recall
+ *    all of C.
+ *  - each repetition: rank 0 writes a pattern into C, times the copy
+ *    reference (memcpy of C, rank 1's memory, into B's last N bytes, rank 0's
+ *    memory; both mapped and resident), then shrinks B by N: the memory it
+ *    just copied into is now free, the migration target.  Rank 1 times
+ *    ema_reclaim; rank 0 naps meanwhile (its progress thread migrates), then
+ *    checks C is all local and holds the pattern, and restores the setup.
+ */
+static int perf_measure_reclaim(perf_t *p, int op_index, size_t size, perf_row_t *row)
+{
+    const size_t n = size; /* rounded to segments by perf_sizes_reclaim */
+    const uint64_t timeout_ms = 120000;
+    ema_win_h wb, wc;
+    char *b, *c;
+    int ok = 1, abort_ = 0;
+    char s[32];
+
+    perf_settle(p);
+    uint64_t mine = p->rank == PERF_ORIGIN ? perf_free() : perf_lendable();
+    uint64_t peer = perf_exchange(p, mine);
+    size_t f0 = p->rank == PERF_ORIGIN ? mine : peer; /* rank 0: free */
+    size_t f1 = p->rank == PERF_ORIGIN ? peer : mine; /* rank 1: lendable */
+    if (f0 < n || f1 < n) {
+        if (p->rank == PERF_ORIGIN) {
+            perf_note(p, "reclaim %s skipped: it does not fit (rank 0 has %zu bytes free, "
+                      "rank 1 %zu lendable; each needs %zu; raise EMA_DEVICE_MEMORY)",
+                      perf_size_str(n, s, sizeof(s)), f0, f1, n);
+        }
+        row->skipped = 1;
+        return perf_agree(p, 1) ? 0 : -1;
+    }
+
+    size_t bsize = p->rank == PERF_ORIGIN ? f0 : f1 - n;
+    EMA_CHECK(ema_win_allocate(bsize, NULL, (void **)&b, &wb));
+    ema_win_params_t wp = {.field_mask = EMA_WIN_PARAM_FIELD_MAX_SIZE,
+                           .max_size = p->rank == PERF_ORIGIN ? n : 0};
+    EMA_CHECK(ema_win_allocate(0, &wp, (void **)&c, &wc));
+    EMA_CHECK(ema_barrier());
+
+    int reps = n >= (1ul << 30) ? 3 : 5;
+    perf_reserve_samples(p, (size_t)reps);
+    char *tail = b + bsize - n; /* rank 0: the copy destination, then the migration target */
+    int r;
+    for (r = 0; r < reps && !abort_; r++) {
+        uint64_t seq = ++p->step_seq;
+        if (p->rank == PERF_ORIGIN) {
+            ema_win_stat_t ws;
+            if (r == 0) {
+                EMA_CHECK(ema_win_grow(wc, n));
+            }
+            memset(tail, 0, n); /* resident and mapped */
+            EMA_CHECK(ema_win_stat(wc, &ws));
+            if (ws.bytes_borrowed != n || perf_free() != 0) {
+                fprintf(stderr, "ema_perf: reclaim: setup: C has %zu of %zu bytes borrowed, "
+                        "rank 0 %zu bytes free (expected 0)\n", ws.bytes_borrowed, n,
+                        perf_free());
+                ok = 0;
+            }
+            uint64_t salt = perf_salt(op_index, n, r);
+            perf_fill(c, n, salt);
+
+            double t0 = perf_now();
+            memcpy(tail, c, n);
+            double t1 = perf_now();
+            p->samples[IMPL_RAW][r] = (t1 - t0) * 1e6;
+
+            EMA_CHECK(ema_win_shrink(wb, bsize - n));
+            if (perf_free() != n) {
+                fprintf(stderr, "ema_perf: reclaim: rank 0 has %zu bytes free, not %zu\n",
+                        perf_free(), n);
+                ok = 0;
+            }
+            perf_step_send(p, seq, !ok); /* go, or stop */
+            if (!ok) {
+                break;
+            }
+            if (perf_step_wait(p, seq)) {
+                ok = 0; /* the reclaim failed: rank 1 said why, and stops */
+                break;
+            }
+            double us;
+            uint64_t bits = perf_ctl_load(p, CTL_RESULT);
+            memcpy(&us, &bits, sizeof(us));
+            p->samples[IMPL_EMA][r] = us;
+
+            EMA_CHECK(ema_win_stat(wc, &ws));
+            if (ok && (ws.bytes_borrowed != 0 || ws.bytes_local != n || ws.bytes_spilled != 0)) {
+                fprintf(stderr, "ema_perf: reclaim %zu: afterwards C has %zu bytes local, %zu "
+                        "borrowed, %zu spilled (expected all local)\n", n, ws.bytes_local,
+                        ws.bytes_borrowed, ws.bytes_spilled);
+                ok = 0;
+            }
+            if (ok && perf_verify("reclaim, window C after the migration", c, n, salt) != 0) {
+                ok = 0;
+            }
+            if (ok && r + 1 < reps) {
+                /* back to the setup: C's memory (now rank 0's) goes to B,
+                 * then C borrows again from rank 1, which has released */
+                EMA_CHECK(ema_win_shrink(wc, 0));
+                EMA_CHECK(ema_win_grow(wb, bsize));
+                EMA_CHECK(ema_win_grow(wc, n));
+            }
+            if (!ok && r + 1 < reps) {
+                perf_step_send(p, ++p->step_seq, 1); /* rank 1 waits for the next go */
+            }
+            abort_ = !ok;
+        } else {
+            if (perf_step_wait(p, seq)) {
+                abort_ = 1;
+                break;
+            }
+            size_t have = perf_free(); /* its reserve, if any: reclaim N beyond it */
+            double t0 = perf_now();
+            ema_status_t st = ema_reclaim(have + n, timeout_ms);
+            double t1 = perf_now();
+            double us = (t1 - t0) * 1e6;
+            if (st != EMA_SUCCESS) {
+                fprintf(stderr, "ema_perf: reclaim: ema_reclaim(%zu, %" PRIu64 " ms) failed after "
+                        "%.0f us: %s\n", have + n, timeout_ms, us, ema_strerror(st));
+                ok = 0;
+            } else if (p->o.verbose) {
+                ema_mem_stat_t ms;
+                EMA_CHECK(ema_mem_stat(&ms));
+                fprintf(stderr, "ema_perf: reclaim %zu: %.0f us here, %.0f us inside the "
+                        "library, %zu bytes lent now\n", n, us, ms.reclaim_last_us,
+                        ms.bytes_lent);
+            }
+            if (st == EMA_SUCCESS || st == EMA_ERR_TIMEOUT) {
+                EMA_CHECK(ema_reclaim_release(have + n));
+            }
+            uint64_t bits;
+            memcpy(&bits, &us, sizeof(bits));
+            perf_ctl_put(p, PERF_ORIGIN, CTL_RESULT, bits);
+            perf_step_send(p, seq, !ok);
+            abort_ = !ok;
+        }
+    }
+    row->n[IMPL_EMA] = row->n[IMPL_RAW] = (size_t)r;
+    if (p->rank == PERF_ORIGIN && r > 0) {
+        if (p->o.verbose) {
+            for (int i = 0; i < r; i++) {
+                fprintf(stderr, "ema_perf: reclaim %zu, repetition %d: copy %.0f us, "
+                        "reclaim %.0f us\n", n, i, p->samples[IMPL_RAW][i],
+                        p->samples[IMPL_EMA][i]);
+            }
+        }
+        row->us[IMPL_EMA] = perf_median(p->samples[IMPL_EMA], (size_t)r);
+        row->us[IMPL_RAW] = perf_median(p->samples[IMPL_RAW], (size_t)r);
+    }
+    EMA_CHECK(ema_barrier());
+    EMA_CHECK(ema_win_free(wc));
+    EMA_CHECK(ema_win_free(wb));
+    return perf_agree(p, ok) ? 0 : -1;
+}
+
 static const perf_op_t perf_ops[] = {
-    {"put", "ema_put + ema_win_flush vs ucp_put_nbx + ucp_ep_flush_nbx", perf_measure_put},
-    {"get", "ema_get + ema_win_flush vs ucp_get_nbx + ucp_ep_flush_nbx", perf_measure_get},
+    {"put", "ema_put + ema_win_flush vs ucp_put_nbx + ucp_ep_flush_nbx", perf_measure_put,
+     NULL},
+    {"get", "ema_get + ema_win_flush vs ucp_get_nbx + ucp_ep_flush_nbx", perf_measure_get,
+     NULL},
+    {"borrow", "ema_win_grow by one segment from the peer; no reference", perf_measure_borrow,
+     perf_sizes_borrow},
+    {"reclaim", "ema_reclaim of N bytes vs a memcpy of N bytes between the arenas",
+     perf_measure_reclaim, perf_sizes_reclaim},
 };
 #define PERF_NOPS ((int)(sizeof(perf_ops) / sizeof(perf_ops[0])))
+#define PERF_OP_RECLAIM 3 /* perf_ops[] index */
 
 /* ------------------------------------------------------------------------- */
 /* main                                                                       */
@@ -752,9 +1158,11 @@ static void perf_usage(FILE *f)
     fprintf(f,
         "usage: mpirun -n 2 ema_perf [options]\n"
         "Put and get latency and bandwidth between rank 0 (origin) and rank 1 (target),\n"
-        "each row measured side by side with raw UCX on the same transport.\n"
+        "each row measured side by side with raw UCX on the same transport; the latency\n"
+        "of borrowing one segment; the time of a reclaim against a raw copy.\n"
         "  --csv              print op,size,ema_us,ema_GBps,ucx_us,ucx_GBps,ratio\n"
-        "  --op NAME          put, get or all (default all); a comma list also works\n"
+        "  --op NAME          put, get, borrow, reclaim or all (default all: every one);\n"
+        "                     a comma list also works\n"
         "  --min SIZE         smallest size (default 8); K, M, G suffixes\n"
         "  --max SIZE         largest size (default 64M); sizes double from --min\n"
         "  --iters N          timed iterations per size and implementation\n"
@@ -764,12 +1172,23 @@ static void perf_usage(FILE *f)
         "                     (default 0.25)\n"
         "  --ucx-thread MODE  raw UCX worker thread mode: multi (default, as EMA's\n"
         "                     worker) or single\n"
+        "  --reclaim-sizes L  reclaim sizes, a comma list (default 64M,256M,1G); sizes\n"
+        "                     that do not fit are skipped with a note\n"
         "  -v, --verbose      also print the transports and lanes in use\n"
         "  -h, --help         this help\n"
         "Columns: median latency of one op + flush in microseconds, GB/s = size /\n"
         "median latency (1 GB = 1e9 bytes), ratio = ucx_us / ema_us: above 1 EMA is\n"
         "faster than raw UCX, below 1 it is slower.\n"
-        "Unless EMA_DEVICE_MEMORY is set, the capacity is max(1G, 2 * --max).\n");
+        "borrow rows: ema_us = median time of ema_win_grow by one segment (size) that\n"
+        "  rank 0 must borrow from rank 1; there is no reference: the ucx columns are\n"
+        "  empty in the CSV, '-' in the table.  Goal: ema_us <= 100.\n"
+        "reclaim rows: ema_us = median time of ema_reclaim(size) on rank 1 while rank 0\n"
+        "  migrates the borrowed bytes to its own free memory; the ucx columns hold the\n"
+        "  reference instead of raw UCX: a memcpy of size bytes from rank 1's memory to\n"
+        "  rank 0's (both mapped, resident), same run (\"copy\" in the table); ratio =\n"
+        "  copy / reclaim.  Goal: ema_us <= 1.25 * copy + 1000 (\"goal\" in the table).\n"
+        "Unless EMA_DEVICE_MEMORY is set, the capacity is max(1G, 2 * --max), and with\n"
+        "reclaim at least 2 * the largest reclaim size + 64M.\n");
 }
 
 static int perf_is_rank0_env(void)
@@ -787,6 +1206,7 @@ static int perf_parse(int argc, char **argv, perf_opts_t *o)
         {"iters", required_argument, NULL, 'n'}, {"warmup", required_argument, NULL, 'w'},
         {"time", required_argument, NULL, 't'}, {"ucx-thread", required_argument, NULL, 'T'},
         {"verbose", no_argument, NULL, 'v'},    {"help", no_argument, NULL, 'h'},
+        {"reclaim-sizes", required_argument, NULL, 'R'},
         {NULL, 0, NULL, 0}};
     int opt;
     char *end;
@@ -798,6 +1218,10 @@ static int perf_parse(int argc, char **argv, perf_opts_t *o)
     o->iters    = -1;
     o->warmup   = 10;
     o->time_cap = 0.25;
+    o->reclaim_sizes[0] = 64ul << 20;
+    o->reclaim_sizes[1] = 256ul << 20;
+    o->reclaim_sizes[2] = 1ul << 30;
+    o->nreclaim = 3;
     opterr = perf_is_rank0_env();
     while ((opt = getopt_long(argc, argv, "vh", longopts, NULL)) != -1) {
         switch (opt) {
@@ -827,6 +1251,21 @@ static int perf_parse(int argc, char **argv, perf_opts_t *o)
             else if (strcmp(optarg, "single") == 0) o->single = 1;
             else return -1;
             break;
+        case 'R': {
+            char tmp[256], *save;
+            snprintf(tmp, sizeof(tmp), "%s", optarg);
+            o->nreclaim = 0;
+            for (char *tok = strtok_r(tmp, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+                if (o->nreclaim == (int)(sizeof(o->reclaim_sizes) / sizeof(o->reclaim_sizes[0])) ||
+                    perf_parse_size(tok, &o->reclaim_sizes[o->nreclaim]) != 0 ||
+                    o->reclaim_sizes[o->nreclaim] == 0) {
+                    return -1;
+                }
+                o->nreclaim++;
+            }
+            if (o->nreclaim == 0) return -1;
+            break;
+        }
         case 'h': return 1;
         default: return -1;
         }
@@ -879,6 +1318,29 @@ static void perf_print_header(perf_t *p)
            "ucx_GB/s", "ratio", "iters");
 }
 
+/* Table only: what the rows of borrow and reclaim mean. */
+static void perf_print_op_header(perf_t *p, const char *op)
+{
+    if (p->o.csv) {
+        return;
+    }
+    if (strcmp(op, "borrow") == 0) {
+        printf("# borrow: ema_win_grow by one segment on rank 0, whose own memory is full, so\n"
+               "#   the segment comes from rank 1; ema_us = median grow time, size = segment\n"
+               "#   size, no reference ('-'); goal: ema_us <= 100\n");
+        printf("%-7s %8s %10s %9s %10s %9s %7s %7s %4s\n", "op", "size", "ema_us", "ema_GB/s",
+               "ucx_us", "ucx_GB/s", "ratio", "iters", "goal");
+    } else if (strcmp(op, "reclaim") == 0) {
+        printf("# reclaim: rank 1 takes back size bytes lent to rank 0 (ema_reclaim); rank 0\n"
+               "#   migrates them to its own free, resident memory.  copy: the reference (in\n"
+               "#   the CSV's ucx columns), memcpy of size bytes from rank 1's memory to rank\n"
+               "#   0's, both mapped and resident, same run, interleaved.  ratio = copy_us /\n"
+               "#   reclaim_us; goal: reclaim_us <= 1.25 * copy_us + 1000\n");
+        printf("%-7s %8s %10s %9s %10s %9s %7s %7s %4s\n", "op", "size", "reclaim_us",
+               "GB/s", "copy_us", "copy_GB/s", "ratio", "reps", "goal");
+    }
+}
+
 static void perf_print_row(perf_t *p, const char *op, size_t size, const perf_row_t *row)
 {
     double e = row->us[IMPL_EMA], u = row->us[IMPL_RAW];
@@ -886,7 +1348,29 @@ static void perf_print_row(perf_t *p, const char *op, size_t size, const perf_ro
     double ugb = u > 0 ? (double)size / (u * 1e3) : 0.0;
     double ratio = e > 0 ? u / e : 0.0;
 
-    if (p->o.csv) {
+    if (row->no_ref || strcmp(op, "reclaim") == 0) {
+        /* borrow and reclaim: goal column, wider op column */
+        const char *goal = "-";
+        if (strcmp(op, "borrow") == 0) {
+            goal = e <= 100.0 ? "ok" : "MISS";
+        } else if (!row->no_ref) {
+            goal = e <= 1.25 * u + 1000.0 ? "ok" : "MISS";
+        }
+        char s[32];
+        if (p->o.csv && row->no_ref) {
+            printf("%s,%zu,%.3f,%.4f,,,\n", op, size, e, egb);
+        } else if (p->o.csv) {
+            printf("%s,%zu,%.3f,%.4f,%.3f,%.4f,%.3f\n", op, size, e, egb, u, ugb, ratio);
+        } else if (row->no_ref) {
+            printf("%-7s %8s %10.3f %9.4f %10s %9s %7s %7zu %4s\n", op,
+                   perf_size_str(size, s, sizeof(s)), e, egb, "-", "-", "-", row->n[IMPL_EMA],
+                   goal);
+        } else {
+            printf("%-7s %8s %10.1f %9.4f %10.1f %9.4f %7.3f %7zu %4s\n", op,
+                   perf_size_str(size, s, sizeof(s)), e, egb, u, ugb, ratio, row->n[IMPL_EMA],
+                   goal);
+        }
+    } else if (p->o.csv) {
         printf("%s,%zu,%.3f,%.4f,%.3f,%.4f,%.3f\n", op, size, e, egb, u, ugb, ratio);
     } else {
         char s[32];
@@ -924,6 +1408,16 @@ int main(int argc, char **argv)
         /* room for the target's part; EMA_DEVICE_MEMORY, when set, wins */
         ip.field_mask    = EMA_INIT_PARAM_FIELD_DEVICE_MEMORY;
         ip.device_memory = 2 * p->o.max > (1ul << 30) ? 2 * p->o.max : (1ul << 30);
+        if (opmask & (1u << PERF_OP_RECLAIM)) {
+            /* room for reclaim: rank 1 lends N while rank 0 keeps N free */
+            size_t maxn = 0;
+            for (int i = 0; i < p->o.nreclaim; i++) {
+                maxn = p->o.reclaim_sizes[i] > maxn ? p->o.reclaim_sizes[i] : maxn;
+            }
+            if (2 * maxn + (64ul << 20) > ip.device_memory) {
+                ip.device_memory = 2 * maxn + (64ul << 20);
+            }
+        }
     }
     EMA_CHECK(ema_init(&ip));
     EMA_CHECK(ema_world_rank(&p->rank));
@@ -939,6 +1433,16 @@ int main(int argc, char **argv)
 
     EMA_CHECK(ema_win_allocate(CTL_SIZE, NULL, (void **)&p->ctl_base, &p->ctl_win));
     memset(p->ctl_base, 0, CTL_SIZE);
+    {
+        /* the segment size: a 1-byte window reserves exactly one segment */
+        ema_win_h w;
+        void *b;
+        ema_win_stat_t ws;
+        EMA_CHECK(ema_win_allocate(1, NULL, &b, &w));
+        EMA_CHECK(ema_win_stat(w, &ws));
+        EMA_CHECK(ema_win_free(w));
+        p->seg = ws.max_size;
+    }
     ema_status_t st = ema_win_allocate(p->rank == PERF_TARGET ? p->o.max : 0, NULL,
                                        (void **)&p->data_base, &p->data_win);
     if (st != EMA_SUCCESS) {
@@ -972,6 +1476,25 @@ int main(int argc, char **argv)
         if (!(opmask & (1u << i))) {
             continue;
         }
+        if (perf_ops[i].sizes != NULL) {
+            size_t sizes[16];
+            int nsizes = perf_ops[i].sizes(p, sizes, 16);
+            if (p->rank == PERF_ORIGIN) {
+                perf_print_op_header(p, perf_ops[i].name);
+            }
+            for (int k = 0; k < nsizes && rc == 0; k++) {
+                perf_row_t row;
+                memset(&row, 0, sizeof(row));
+                if (perf_ops[i].measure(p, i, sizes[k], &row) != 0) {
+                    rc = 1;
+                    break;
+                }
+                if (p->rank == PERF_ORIGIN && !row.skipped) {
+                    perf_print_row(p, perf_ops[i].name, sizes[k], &row);
+                }
+            }
+            continue;
+        }
         for (size_t s = p->o.min; s <= p->o.max && rc == 0; s *= 2) {
             perf_row_t row;
             memset(&row, 0, sizeof(row));
@@ -988,7 +1511,7 @@ int main(int argc, char **argv)
         }
     }
     if (rc != 0 && p->rank == PERF_ORIGIN) {
-        fprintf(stderr, "ema_perf: stopped: data verification failed\n");
+        fprintf(stderr, "ema_perf: stopped: a call or the data verification failed\n");
     }
 
     EMA_CHECK(ema_barrier());

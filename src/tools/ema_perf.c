@@ -1,9 +1,12 @@
 /*
  * ema_perf: put and get latency and bandwidth between two ranks, each row
- * measured side by side with raw UCX in the same run.  See ema_perf(1).
+ * measured side by side with raw UCX in the same run; the latency of
+ * borrowing one segment from the peer (borrow); the time of a reclaim
+ * against a raw copy of the same bytes (reclaim).  See ema_perf(1).
  *
- *   mpirun -n 2 ema_perf [--csv] [--op put|get|all] [--min 8] [--max 64M]
- *                        [--iters N] [--warmup N] [--time S] [--ucx-thread multi|single] [-v]
+ *   mpirun -n 2 ema_perf [--csv] [--op put|get|borrow|reclaim|all] [--min 8] [--max 64M]
+ *                        [--iters N] [--warmup N] [--time S] [--ucx-thread multi|single]
+ *                        [--reclaim-sizes 64M,256M,1G] [-v]
  *
  * Rank 0 is the origin, rank 1 the target.  For each op and size the origin
  * times every iteration, (one op + flush of the target's endpoint), with
@@ -51,9 +54,13 @@
  * Memory: unless EMA_DEVICE_MEMORY is set, ema_init gets a capacity of
  * max(1 GiB, 2 * --max) so that the target's part (--max bytes) fits.
  *
- * Adding a row kind (e.g. "borrow", "reclaim"): write a measure function with
- * the perf_measure_cb signature, collective over both ranks, that fills a
- * perf_row_t, and add it to perf_ops[].
+ * borrow and reclaim rows use the same CSV columns; their "ucx" columns hold
+ * no reference (borrow: empty) or a memcpy of the same bytes between the two
+ * ranks' arenas (reclaim).  See perf_measure_borrow and perf_measure_reclaim.
+ *
+ * Adding a row kind: write a measure function with the perf_measure_cb
+ * signature, collective over both ranks, that fills a perf_row_t, and add it
+ * to perf_ops[] (with a sizes callback if its rows are not --min..--max).
  */
 #define _GNU_SOURCE
 #include <ema.h>
@@ -791,36 +798,6 @@ static int perf_step_wait(perf_t *p, uint64_t seq)
     }
 }
 
-/*
- * Before the first borrow or reclaim row: make every rank's free memory
- * resident.  Each rank's arena is faulted in by its progress thread in the
- * background after ema_init (8 segments a step); until that is done a
- * borrow or a migration waits behind those steps and a first touch costs
- * milliseconds per segment.  A window of all the free memory, written once,
- * faults it in now, from the main thread.
- */
-static void perf_settle(perf_t *p)
-{
-    static int settled;
-    ema_win_h w;
-    char *b;
-
-    if (settled) {
-        return;
-    }
-    settled = 1;
-    double t0 = perf_now();
-    size_t len = perf_free();
-    EMA_CHECK(ema_win_allocate(len, NULL, (void **)&b, &w));
-    memset(b, 0, len);
-    EMA_CHECK(ema_barrier());
-    EMA_CHECK(ema_win_free(w));
-    if (p->rank == PERF_ORIGIN && p->o.verbose) {
-        fprintf(stderr, "ema_perf: wrote all free memory (%zu bytes on rank 0) in %.2f s\n",
-                len, perf_now() - t0);
-    }
-}
-
 static size_t perf_round_seg(const perf_t *p, size_t n)
 {
     return (n + p->seg - 1) / p->seg * p->seg;
@@ -855,6 +832,36 @@ static size_t perf_free(void)
     ema_mem_stat_t ms;
     EMA_CHECK(ema_mem_stat(&ms));
     return ms.bytes_free;
+}
+
+/*
+ * Before the first borrow or reclaim row: make every rank's free memory
+ * resident.  Each rank's arena is faulted in by its progress thread in the
+ * background after ema_init (8 segments a step); until that is done a
+ * borrow or a migration waits behind those steps and a first touch costs
+ * milliseconds per segment.  A window of all the free memory, written once,
+ * faults it in now, from the main thread.
+ */
+static void perf_settle(perf_t *p)
+{
+    static int settled;
+    ema_win_h w;
+    char *b;
+
+    if (settled) {
+        return;
+    }
+    settled = 1;
+    double t0 = perf_now();
+    size_t len = perf_free();
+    EMA_CHECK(ema_win_allocate(len, NULL, (void **)&b, &w));
+    memset(b, 0, len);
+    EMA_CHECK(ema_barrier());
+    EMA_CHECK(ema_win_free(w));
+    if (p->rank == PERF_ORIGIN && p->o.verbose) {
+        fprintf(stderr, "ema_perf: wrote all free memory (%zu bytes on rank 0) in %.2f s\n",
+                len, perf_now() - t0);
+    }
 }
 
 static void perf_note(perf_t *p, const char *fmt, ...)
@@ -1300,7 +1307,7 @@ static unsigned perf_select_ops(const char *list)
     return mask;
 }
 
-static void perf_print_header(perf_t *p)
+static void perf_print_header(perf_t *p, unsigned opmask)
 {
     if (p->o.csv) {
         printf("op,size,ema_us,ema_GBps,ucx_us,ucx_GBps,ratio\n");
@@ -1314,8 +1321,10 @@ static void perf_print_header(perf_t *p)
            ucp_get_version_string(), p->o.single ? "single" : "multi");
     printf("# us: median of one op + flush; GB/s = size / median (1 GB = 1e9 B)\n"
            "# ratio = ucx_us / ema_us: > 1 EMA faster, < 1 EMA slower than raw UCX\n");
-    printf("%-4s %8s %10s %9s %10s %9s %7s %7s\n", "op", "size", "ema_us", "ema_GB/s", "ucx_us",
-           "ucx_GB/s", "ratio", "iters");
+    if (opmask & 3u) { /* put, get; borrow and reclaim print their own */
+        printf("%-4s %8s %10s %9s %10s %9s %7s %7s\n", "op", "size", "ema_us", "ema_GB/s",
+               "ucx_us", "ucx_GB/s", "ratio", "iters");
+    }
 }
 
 /* Table only: what the rows of borrow and reclaim mean. */
@@ -1464,7 +1473,7 @@ int main(int argc, char **argv)
     perf_raw_connect(p);
 
     if (p->rank == PERF_ORIGIN) {
-        perf_print_header(p);
+        perf_print_header(p, opmask);
         if (p->o.verbose && !p->o.csv) {
             printf("# raw UCX endpoint to the target:\n");
             ucp_ep_print_info(p->ep, stdout);

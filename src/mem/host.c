@@ -11,6 +11,7 @@
 #include "util/log.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
@@ -21,6 +22,8 @@ static int ema_host_usable(void)
 {
     return 1;
 }
+
+static void ema_host_peer_fds_close(void);
 
 static ema_status_t ema_host_arena_create(ema__mem_arena_t *arena)
 {
@@ -47,6 +50,7 @@ static ema_status_t ema_host_arena_create(ema__mem_arena_t *arena)
 
 static void ema_host_arena_destroy(ema__mem_arena_t *arena)
 {
+    ema_host_peer_fds_close();
     if (arena->base != NULL) {
         munmap(arena->base, arena->capacity);
     }
@@ -90,6 +94,57 @@ static void ema_host_unreserve(ema__mem_arena_t *arena, void *addr, size_t len)
     munmap(addr, len);
 }
 
+/*
+ * Peers' arena files, opened once: a borrow then costs one mmap.  Keyed by
+ * (pid, fd number in that pid); closed when the process's arena goes.
+ */
+#define EMA_HOST_FD_CACHE 64
+static struct {
+    int pid, rfd, lfd;
+} ema_host_fds[EMA_HOST_FD_CACHE];
+static int ema_host_nfds;
+static pthread_mutex_t ema_host_fd_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static int ema_host_peer_fd(int pid, int rfd)
+{
+    int fd = -1;
+    pthread_mutex_lock(&ema_host_fd_lock);
+    for (int i = 0; i < ema_host_nfds; i++) {
+        if (ema_host_fds[i].pid == pid && ema_host_fds[i].rfd == rfd) {
+            fd = ema_host_fds[i].lfd;
+            goto out;
+        }
+    }
+    char path[64];
+    snprintf(path, sizeof(path), "/proc/%d/fd/%d", pid, rfd);
+    fd = open(path, O_RDWR | O_CLOEXEC);
+    if (fd < 0) {
+        ema_error("open(%s) to map a peer's memory failed: %m", path);
+        goto out;
+    }
+    if (ema_host_nfds < EMA_HOST_FD_CACHE) {
+        ema_host_fds[ema_host_nfds].pid = pid;
+        ema_host_fds[ema_host_nfds].rfd = rfd;
+        ema_host_fds[ema_host_nfds].lfd = fd;
+        ema_host_nfds++;
+    }
+    /* else: leaks one descriptor per map beyond 64 peer files; not reached
+     * with up to 32 peers (two tiers each) */
+out:
+    pthread_mutex_unlock(&ema_host_fd_lock);
+    return fd;
+}
+
+static void ema_host_peer_fds_close(void)
+{
+    pthread_mutex_lock(&ema_host_fd_lock);
+    for (int i = 0; i < ema_host_nfds; i++) {
+        close(ema_host_fds[i].lfd);
+    }
+    ema_host_nfds = 0;
+    pthread_mutex_unlock(&ema_host_fd_lock);
+}
+
 static int64_t ema_host_seg_handle(ema__mem_arena_t *arena, uint32_t seg)
 {
     return arena->fd; /* one memfd holds every segment, at seg * seg_size */
@@ -101,20 +156,14 @@ static ema_status_t ema_host_map(ema__mem_arena_t *arena, const ema__mem_export_
     int fd = arena->fd, own = (exp->pid == (int32_t)getpid());
 
     if (!own) {
-        char path[64];
-        snprintf(path, sizeof(path), "/proc/%d/fd/%d", (int)exp->pid, (int)handle);
-        fd = open(path, O_RDWR | O_CLOEXEC);
+        fd = ema_host_peer_fd((int)exp->pid, (int)handle);
         if (fd < 0) {
-            ema_error("open(%s) to map a peer's segment failed: %m", path);
             return (errno == ENOENT || errno == ESRCH) ? EMA_ERR_PEER_LOST : EMA_ERR_IO;
         }
     }
     void *p = mmap(addr, exp->seg_size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd,
                    (off_t)((uint64_t)seg * exp->seg_size));
     int err = errno;
-    if (!own) {
-        close(fd); /* the mapping keeps the memory */
-    }
     if (p == MAP_FAILED) {
         errno = err;
         ema_error("mmap(MAP_FIXED, segment %u of pid %d) failed: %m", seg, (int)exp->pid);
@@ -137,15 +186,11 @@ static ema_status_t ema_host_unmap(ema__mem_arena_t *arena, void *addr, size_t l
 
 static ema_status_t ema_host_attach(const ema__mem_export_t *exp, void **addr_p)
 {
-    char path[64];
-    snprintf(path, sizeof(path), "/proc/%d/fd/%d", (int)exp->pid, (int)exp->fd);
-    int fd = open(path, O_RDWR | O_CLOEXEC);
+    int fd = ema_host_peer_fd((int)exp->pid, (int)exp->fd);
     if (fd < 0) {
-        ema_warn("open(%s) to map a peer's memory failed: %m", path);
         return (errno == ENOENT || errno == ESRCH) ? EMA_ERR_PEER_LOST : EMA_ERR_IO;
     }
     void *p = mmap(NULL, exp->capacity, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    close(fd);
     if (p == MAP_FAILED) {
         ema_warn("mmap of pid %d's memory (%lu bytes) failed: %m", (int)exp->pid,
                  (unsigned long)exp->capacity);

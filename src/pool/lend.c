@@ -30,6 +30,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 
 enum {
@@ -870,6 +871,17 @@ static void ema_pool_prefault_job(void *arg)
     if (n > 0 && pool->arena->ops->prefault != NULL) {
         pool->arena->ops->prefault(pool->arena, pf->next, n);
     }
+#ifdef MADV_POPULATE_WRITE
+    /* And the page tables of our mappings of the peers' arenas, which put,
+     * get and migrations write through: a fault per 4 KiB page otherwise. */
+    for (int r = 0; n > 0 && pool->win->direct && r < pool->size; r++) {
+        char *b = pool->win->peer_base[EMA_TIER_DEVICE][r];
+        if (r != pool->rank && b != NULL) {
+            madvise(b + (size_t)pf->next * pool->win->seg_size, (size_t)n * pool->win->seg_size,
+                    MADV_POPULATE_WRITE);
+        }
+    }
+#endif
     pf->next += n;
     if (pf->next < nsegs) {
         ema__xport_defer(pool->xp, 0, ema_pool_prefault_job, pf);

@@ -5,6 +5,7 @@
 
 #include <errno.h>
 #include <poll.h>
+#include <sched.h>
 #include <string.h>
 
 #define EMA_PROGRESS_CFG(_f) offsetof(ema__progress_config_t, _f)
@@ -15,8 +16,12 @@ const ema_config_field_t ema__progress_config_table[] = {
      "complete while the application computes",
      EMA_PROGRESS_CFG(thread), &ema__config_bool},
     {"PROGRESS_SPIN", "2000",
-     "empty polls the progress thread makes before it sleeps on UCX's event fd",
+     "empty polls the progress thread makes before it starts yielding the CPU",
      EMA_PROGRESS_CFG(spin), &ema__config_uint},
+    {"PROGRESS_YIELD", "10000",
+     "empty polls, each followed by sched_yield, before the progress thread sleeps on "
+     "UCX's event fd",
+     EMA_PROGRESS_CFG(yield), &ema__config_uint},
     EMA_CONFIG_TABLE_END};
 
 unsigned ema__progress_once(ema__progress_t *pg)
@@ -50,6 +55,13 @@ static void *ema_progress_main(void *arg)
             continue;
         }
         if (++idle < pg->cfg.spin) {
+            continue;
+        }
+        if (idle < pg->cfg.spin + pg->cfg.yield) {
+            /* then stay responsive a while longer without holding a core:
+             * a borrow or recall often follows recent traffic, and waking
+             * from the event fd costs tens of microseconds */
+            sched_yield();
             continue;
         }
         idle = 0;

@@ -18,7 +18,8 @@
 
 typedef struct ema__progress_config {
     int      thread; /* run the progress thread */
-    unsigned spin;   /* empty polls before sleeping */
+    unsigned spin;   /* empty polls before yielding */
+    unsigned yield;  /* then empty polls with sched_yield before sleeping */
 } ema__progress_config_t;
 
 extern const ema_config_field_t ema__progress_config_table[];

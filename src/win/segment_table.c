@@ -57,6 +57,21 @@ ema_status_t ema__win_seg_move(ema_win_h win, uint32_t idx, ema__loc_t loc, int6
     void *at = (char *)win->base + (size_t)idx * seg, *scratch = NULL;
     ema_status_t status;
 
+    if (ctx->direct) {
+        /* Every rank's memory is mapped here already (and resident): copy
+         * through those mappings, then map the new memory in place.  A
+         * scratch mapping would cost a page fault per page. */
+        char *dst = ctx->peer_base[EMA_LOC_TIER(loc)][EMA_LOC_RANK(loc)] +
+                    (size_t)EMA_LOC_SEG(loc) * seg;
+        status = dev->ops->copy(dev, dst, at, seg);
+        if (status == EMA_SUCCESS) {
+            status = arena->ops->map(arena, exp, EMA_LOC_SEG(loc), handle, at);
+        }
+        if (status == EMA_SUCCESS) {
+            win->stats.migrations++;
+        }
+        return status;
+    }
     status = dev->ops->reserve(dev, seg, &scratch);
     if (status != EMA_SUCCESS) {
         return status;

@@ -341,6 +341,8 @@ typedef struct {
     uint64_t bytes_migrated;   /**< bytes this rank moved for others' reclaims */
     double   reclaim_last_us;  /**< duration of the last reclaim */
     double   reclaim_max_us;   /**< longest reclaim */
+    ema_memory_kind_t memory_kind; /**< host or cuda: what window base pointers point to */
+    int      device;           /**< cuda: the CUDA device ordinal in use; host: -1 */
 } ema_mem_stat_t;
 
 /** Statistics of this rank's memory. */

@@ -357,6 +357,8 @@ EMA_EXPORT ema_status_t ema_mem_stat(ema_mem_stat_t *stat_p)
     st.bytes_migrated  = atomic_load(&pool->bytes_migrated);
     st.reclaim_last_us = pool->reclaim_last_us;
     st.reclaim_max_us  = pool->reclaim_max_us;
+    st.memory_kind     = pool->arena->ops->kind;
+    st.device          = (st.memory_kind == EMA_MEMORY_KIND_CUDA) ? pool->arena->device : -1;
     *stat_p = st;
     return EMA_SUCCESS;
 }

@@ -7,15 +7,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static ema_status_t ema_pool_check(ema_win_h win)
-{
-    ema_status_t status = ema__check_ready();
-    if (status != EMA_SUCCESS) {
-        return status;
-    }
-    return ema__win_check(win);
-}
-
 static void ema_pool_release_cb(void *arg, ema_win_h win, ema__loc_t loc)
 {
     ema__pool_release_loc(arg, loc);
@@ -23,7 +14,7 @@ static void ema_pool_release_cb(void *arg, ema_win_h win, ema__loc_t loc)
 
 EMA_EXPORT ema_status_t ema_win_free(ema_win_h win)
 {
-    ema_status_t status = ema_pool_check(win);
+    ema_status_t status = ema__win_check_live(win);
     if (status != EMA_SUCCESS) {
         return status;
     }
@@ -54,7 +45,7 @@ static void ema_pool_reclaim_for_self(ema__pool_t *pool, uint32_t need)
 EMA_EXPORT ema_status_t ema_win_grow(ema_win_h win, size_t new_size)
 {
     ema__pool_t *pool = ema__pool_world;
-    ema_status_t status = ema_pool_check(win);
+    ema_status_t status = ema__win_check_live(win);
     if (status != EMA_SUCCESS) {
         return status;
     }
@@ -126,7 +117,7 @@ out:
 EMA_EXPORT ema_status_t ema_win_shrink(ema_win_h win, size_t new_size)
 {
     ema__pool_t *pool = ema__pool_world;
-    ema_status_t status = ema_pool_check(win);
+    ema_status_t status = ema__win_check_live(win);
     if (status != EMA_SUCCESS) {
         return status;
     }
@@ -228,7 +219,7 @@ EMA_EXPORT ema_status_t ema_reclaim_release(size_t bytes)
 
 EMA_EXPORT ema_status_t ema_win_set_reclaim_cb(ema_win_h win, ema_reclaim_cb cb, void *arg)
 {
-    ema_status_t status = ema_pool_check(win);
+    ema_status_t status = ema__win_check_live(win);
     if (status != EMA_SUCCESS) {
         return status;
     }
@@ -241,7 +232,7 @@ EMA_EXPORT ema_status_t ema_win_set_reclaim_cb(ema_win_h win, ema_reclaim_cb cb,
 
 static ema_status_t ema_pool_hold(ema_win_h win, size_t offset, size_t len, int delta)
 {
-    ema_status_t status = ema_pool_check(win);
+    ema_status_t status = ema__win_check_live(win);
     if (status != EMA_SUCCESS) {
         return status;
     }
@@ -292,7 +283,7 @@ EMA_EXPORT ema_status_t ema_win_release(ema_win_h win, size_t offset, size_t len
 
 EMA_EXPORT ema_status_t ema_win_stat(ema_win_h win, ema_win_stat_t *stat_p)
 {
-    ema_status_t status = ema_pool_check(win);
+    ema_status_t status = ema__win_check_live(win);
     if (status != EMA_SUCCESS) {
         return status;
     }

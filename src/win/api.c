@@ -36,11 +36,7 @@ EMA_EXPORT ema_status_t ema_win_allocate(size_t size, const ema_win_params_t *pa
 
 EMA_EXPORT ema_status_t ema_win_size(ema_win_h win, int rank, size_t *size_p)
 {
-    ema_status_t status = ema__check_ready();
-    if (status != EMA_SUCCESS) {
-        return status;
-    }
-    status = ema__win_check(win);
+    ema_status_t status = ema__win_check_live(win);
     if (status != EMA_SUCCESS) {
         return status;
     }

@@ -20,11 +20,7 @@ typedef enum { EMA_OP_PUT, EMA_OP_GET } ema_op_t;
 static inline ema_status_t ema_rma_check(ema_win_h win, int rank, size_t offset, const void *buf,
                                          size_t len)
 {
-    ema_status_t status = ema__check_ready();
-    if (status != EMA_SUCCESS) {
-        return status;
-    }
-    status = ema__win_check(win);
+    ema_status_t status = ema__win_check_live(win);
     if (status != EMA_SUCCESS) {
         return status;
     }
@@ -434,11 +430,7 @@ EMA_EXPORT ema_status_t ema_wait(ema_request_h req)
 
 EMA_EXPORT ema_status_t ema_win_flush(ema_win_h win, int rank)
 {
-    ema_status_t status = ema__check_ready();
-    if (status != EMA_SUCCESS) {
-        return status;
-    }
-    status = ema__win_check(win);
+    ema_status_t status = ema__win_check_live(win);
     if (status != EMA_SUCCESS) {
         return status;
     }
@@ -476,11 +468,7 @@ EMA_EXPORT ema_status_t ema_win_flush(ema_win_h win, int rank)
 
 EMA_EXPORT ema_status_t ema_win_flush_all(ema_win_h win)
 {
-    ema_status_t status = ema__check_ready();
-    if (status != EMA_SUCCESS) {
-        return status;
-    }
-    status = ema__win_check(win);
+    ema_status_t status = ema__win_check_live(win);
     if (status != EMA_SUCCESS) {
         return status;
     }

@@ -22,6 +22,7 @@
 #include <stdatomic.h>
 
 #include "mem/mem.h"
+#include "util/state.h"
 #include "xport/xport.h"
 
 #define EMA_WIN_MAGIC      0x454d4157u /* "EMAW" */
@@ -138,6 +139,13 @@ static inline ema_status_t ema__win_check(ema_win_h win)
         return EMA_ERR_INVALID_HANDLE;
     }
     return EMA_SUCCESS;
+}
+
+/* The library is initialised and @win is a live window. */
+static inline ema_status_t ema__win_check_live(ema_win_h win)
+{
+    ema_status_t status = ema__check_ready();
+    return (status != EMA_SUCCESS) ? status : ema__win_check(win);
 }
 
 /* --- segment tables (win/segment_table.c) -------------------------------- */

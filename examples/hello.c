@@ -1,5 +1,7 @@
 /* Every rank puts its rank number into every other rank's part, then reads
- * its own part and checks what arrived.  Run: mpirun -n 4 ./examples/hello */
+ * its own part and checks what arrived.  Run: mpirun -n 4 ./examples/hello
+ * The own part is read with ema_get, not through the base pointer: on the
+ * cuda memory kind the base pointer is device memory (see cuda_window.cu). */
 #include <ema.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,13 +12,13 @@
 int main(void)
 {
     int rank, size;
-    uint64_t *base;
+    void *base;
     ema_win_h win;
 
     CHECK(ema_init(NULL));
     CHECK(ema_world_rank(&rank));
     CHECK(ema_world_size(&size));
-    CHECK(ema_win_allocate(size * sizeof(uint64_t), NULL, (void **)&base, &win));
+    CHECK(ema_win_allocate(size * sizeof(uint64_t), NULL, &base, &win));
     for (int peer = 0; peer < size; peer++) {
         uint64_t v = 1000 + rank;
         CHECK(ema_put(win, peer, rank * sizeof(uint64_t), &v, sizeof(v)));
@@ -25,7 +27,9 @@ int main(void)
     CHECK(ema_barrier());
     int ok = 1;
     for (int r = 0; r < size; r++) {
-        ok &= (base[r] == (uint64_t)(1000 + r));
+        uint64_t v = 0;
+        CHECK(ema_get(win, rank, r * sizeof(uint64_t), &v, sizeof(v)));
+        ok &= (v == (uint64_t)(1000 + r));
     }
     printf("rank %d of %d: %s\n", rank, size, ok ? "ok" : "WRONG");
     CHECK(ema_win_free(win));

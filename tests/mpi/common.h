@@ -76,6 +76,136 @@ static inline void ema_test_init(const char *prog)
 }
 
 /*
+ * Memory kinds.  On the cuda kind a window's base pointer is a CUDA device
+ * pointer: the CPU must not load or store through it.  The helpers below
+ * reach this rank's own part through the base pointer on the host kind and
+ * through ema_get / ema_put (+ ema_win_flush) to this rank itself on cuda,
+ * so every check runs on both kinds.  Kernels over (borrowed) window pages
+ * are covered by examples/cuda_window.cu.  Call them after ema_init.
+ */
+static int ema_t_cuda = -1;
+
+static inline int test_kind_is_cuda(void)
+{
+    if (ema_t_cuda < 0) {
+        ema_mem_stat_t m;
+        T_OK(ema_mem_stat(&m));
+        ema_t_cuda = (m.memory_kind == EMA_MEMORY_KIND_CUDA);
+    }
+    return ema_t_cuda;
+}
+
+/* How the own part is read in messages: "the base pointer" or "ema_get". */
+static inline const char *own_how(void)
+{
+    return test_kind_is_cuda() ? "ema_get to itself (cuda kind)" : "the base pointer";
+}
+
+static inline int t_me(void)
+{
+    int me = 0;
+    T_OK(ema_world_rank(&me));
+    return me;
+}
+
+/* Copy [off, off+len) of this rank's own part of @win (based at @base) into @buf. */
+static inline void own_read(ema_win_h win, const void *base, size_t off, void *buf, size_t len)
+{
+    if (len == 0) {
+        return;
+    }
+    if (!test_kind_is_cuda()) {
+        memcpy(buf, (const uint8_t *)base + off, len);
+        return;
+    }
+    T_OK(ema_get(win, t_me(), off, buf, len));
+}
+
+/* Store @len bytes of @buf at @off of this rank's own part; visible to every
+ * rank once it returns (flushed on cuda). */
+static inline void own_write(ema_win_h win, void *base, size_t off, const void *buf, size_t len)
+{
+    if (len == 0) {
+        return;
+    }
+    if (!test_kind_is_cuda()) {
+        memcpy((uint8_t *)base + off, buf, len);
+        return;
+    }
+    int me = t_me();
+    T_OK(ema_put(win, me, off, buf, len));
+    T_OK(ema_win_flush(win, me));
+}
+
+/* memset of [off, off+len) of the own part. */
+static inline void own_memset(ema_win_h win, void *base, size_t off, int byte, size_t len)
+{
+    if (!test_kind_is_cuda()) {
+        memset((uint8_t *)base + off, byte, len);
+        return;
+    }
+    size_t chunk = len < ((size_t)16 << 20) ? len : ((size_t)16 << 20);
+    uint8_t *tmp = malloc(chunk ? chunk : 1);
+    if (tmp == NULL) {
+        fprintf(stderr, "FAIL rank %d: malloc(%zu)\n", ema_t_rank, chunk);
+        exit(1);
+    }
+    memset(tmp, byte, chunk);
+    for (size_t o = 0; o < len; o += chunk) {
+        own_write(win, base, off + o, tmp, len - o < chunk ? len - o : chunk);
+    }
+    free(tmp);
+}
+
+/*
+ * A read-only view of [off, off+len) of the own part: the base pointer
+ * itself on the host kind (plain loads), a copy read with ema_get on cuda.
+ * The copy lives until the next own_view() call.
+ */
+static uint8_t *ema_t_view;
+static size_t   ema_t_view_len;
+
+static inline const uint8_t *own_view(ema_win_h win, const void *base, size_t off, size_t len)
+{
+    if (!test_kind_is_cuda()) {
+        return (const uint8_t *)base + off;
+    }
+    if (len > ema_t_view_len) {
+        free(ema_t_view);
+        ema_t_view = malloc(len);
+        if (ema_t_view == NULL) {
+            fprintf(stderr, "FAIL rank %d: malloc(%zu)\n", ema_t_rank, len);
+            exit(1);
+        }
+        ema_t_view_len = len;
+    }
+    own_read(win, base, off, ema_t_view, len);
+    return ema_t_view;
+}
+
+/* One 64-bit word of the own part: an atomic load / store through the base
+ * pointer on host (other ranks may write it meanwhile), ema_get / ema_put on
+ * cuda. */
+static inline uint64_t own_load_u64(ema_win_h win, const void *base, size_t off)
+{
+    uint64_t v = 0;
+    if (!test_kind_is_cuda()) {
+        return __atomic_load_n((const uint64_t *)((const uint8_t *)base + off), __ATOMIC_ACQUIRE);
+    }
+    own_read(win, base, off, &v, sizeof(v));
+    return v;
+}
+
+static inline void own_store_u64(ema_win_h win, void *base, size_t off, uint64_t v)
+{
+    if (!test_kind_is_cuda()) {
+        __atomic_store_n((uint64_t *)((uint8_t *)base + off), v, __ATOMIC_RELEASE);
+        return;
+    }
+    own_write(win, base, off, &v, sizeof(v));
+}
+
+/*
  * Agree on the result: every rank adds its failure count into rank 0's word
  * through the library itself, so rank 0 prints one line for the whole world.
  * Each rank prints its own verdict too, so a log shows who failed.
@@ -89,7 +219,7 @@ static inline int ema_test_finish(const char *prog)
     ema_t_current = "finish";
     T_OK(ema_win_allocate(sizeof(uint64_t), NULL, &base, &win));
     if (ema_t_rank == 0) {
-        *(volatile uint64_t *)base = 0;
+        own_store_u64(win, base, 0, 0);
     }
     T_OK(ema_barrier());
     T_OK(ema_fetch_add(win, 0, 0, (uint64_t)ema_t_failures, NULL));

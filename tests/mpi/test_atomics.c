@@ -19,15 +19,16 @@
 #define PART_BYTES  (2 * SEG + 4096)      /* words at 64K-8, 64K, 128K-8 exist */
 
 static ema_win_h win;
-static volatile uint64_t *base;
+static void *base; /* own part: read and written only through own_*() (common.h) */
 
 static size_t w(size_t word) { return word * sizeof(uint64_t); }
 
+/* Word @word of the own part. */
+static uint64_t own_word(size_t word) { return own_load_u64(win, base, w(word)); }
+
 static void zero_own_words(void)
 {
-    for (size_t i = 0; i < PART_BYTES / sizeof(uint64_t); i++) {
-        base[i] = 0;
-    }
+    own_memset(win, base, 0, 0, PART_BYTES);
     T_OK(ema_barrier());
 }
 
@@ -65,7 +66,7 @@ static void test_fetch_add_from_all_ranks_sums_and_olds_are_distinct(void)
     if (ema_t_rank == target) {
         size_t n = (size_t)ema_t_size * NADD;
         uint64_t *all = t_malloc(n * sizeof(uint64_t));
-        memcpy(all, (const void *)(base + W_OLDS), n * sizeof(uint64_t));
+        own_read(win, base, w(W_OLDS), all, n * sizeof(uint64_t));
         qsort(all, n, sizeof(uint64_t), cmp_u64);
         size_t bad = n;
         for (size_t i = 0; i < n && bad == n; i++) {
@@ -92,10 +93,10 @@ static void test_fetch_add_to_every_rank_and_null_old_p(void)
         T_STATUS(ema_fetch_add(win, t, w(W_CASLOOP), UINT64_MAX, NULL), EMA_SUCCESS);
     }
     T_OK(ema_barrier());
-    T_EXPECT(base[W_COUNTER] == (uint64_t)ema_t_size * 30, "own counter %" PRIu64,
-             (uint64_t)base[W_COUNTER]);
-    T_EXPECT(base[W_CASLOOP] == (uint64_t)0 - (uint64_t)ema_t_size,
-             "own wrapped counter %" PRIu64, (uint64_t)base[W_CASLOOP]);
+    uint64_t counter = own_word(W_COUNTER), wrapped = own_word(W_CASLOOP);
+    T_EXPECT(counter == (uint64_t)ema_t_size * 30, "own counter %" PRIu64, counter);
+    T_EXPECT(wrapped == (uint64_t)0 - (uint64_t)ema_t_size, "own wrapped counter %" PRIu64,
+             wrapped);
     T_OK(ema_barrier());
 }
 
@@ -121,8 +122,8 @@ static void test_compare_swap_success_and_failure_cases(void)
     T_STATUS(ema_win_flush(win, t), EMA_SUCCESS);
     T_OK(ema_barrier());
     int from = (ema_t_rank + ema_t_size - 1) % ema_t_size;
-    T_EXPECT(base[W_OLDS + from] == UINT64_MAX, "word of rank %d is %" PRIu64, from,
-             (uint64_t)base[W_OLDS + from]);
+    uint64_t word = own_word(W_OLDS + (size_t)from);
+    T_EXPECT(word == UINT64_MAX, "word of rank %d is %" PRIu64, from, word);
     T_OK(ema_barrier());
 }
 
@@ -149,8 +150,8 @@ static void test_compare_swap_race_has_exactly_one_winner(void)
         T_EXPECT(word >> 32 == (uint64_t)round, "round %d: word %#" PRIx64, round, word);
         T_OK(ema_barrier());
         if (ema_t_rank == t) {
-            base[W_CAS] = 0;
-            base[W_WINNERS] = 0;
+            own_store_u64(win, base, w(W_CAS), 0);
+            own_store_u64(win, base, w(W_WINNERS), 0);
         }
         T_OK(ema_barrier());
     }
@@ -178,8 +179,8 @@ static void test_compare_swap_loop_counts_exactly(void)
     }
     T_OK(ema_barrier());
     if (ema_t_rank == target) {
-        T_EXPECT(base[W_CASLOOP] == (uint64_t)ema_t_size * 100, "cas counter %" PRIu64,
-                 (uint64_t)base[W_CASLOOP]);
+        uint64_t counter = own_word(W_CASLOOP);
+        T_EXPECT(counter == (uint64_t)ema_t_size * 100, "cas counter %" PRIu64, counter);
     }
     T_OK(ema_barrier());
 }
@@ -198,11 +199,12 @@ static void test_atomics_on_words_at_segment_boundaries(void)
     T_STATUS(ema_win_flush(win, t), EMA_SUCCESS);
     T_OK(ema_barrier());
     for (size_t i = 0; i < sizeof(offs) / sizeof(offs[0]); i++) {
-        T_EXPECT(base[offs[i] / 8] == 0x0101010101010101ull, "own word at %zu is %#" PRIx64,
-                 offs[i], (uint64_t)base[offs[i] / 8]);
+        uint64_t word = own_word(offs[i] / 8);
+        T_EXPECT(word == 0x0101010101010101ull, "own word at %zu is %#" PRIx64, offs[i], word);
     }
     /* the neighbours of each word are untouched */
-    T_EXPECT(base[SEG / 8 - 2] == 0 && base[SEG / 8 + 1] == 0, "neighbour words changed");
+    T_EXPECT(own_word(SEG / 8 - 2) == 0 && own_word(SEG / 8 + 1) == 0,
+             "neighbour words changed");
     T_OK(ema_barrier());
 }
 

@@ -29,6 +29,13 @@
  * PASS/FAIL line (rank 0); the program exits non-zero on any failure.
  * Sizes are learned at run time (segment size, free memory, reserve), so the
  * scripts choose EMA_DEVICE_MEMORY and EMA_SEGMENT_SIZE.
+ *
+ * Memory kinds: on host the owner reads and writes its part with plain loads
+ * and stores through the base pointer, which is what the scenarios check
+ * ("loads and stores work on borrowed pages").  On cuda the base pointer is
+ * device memory the CPU must not touch: the owner makes the same accesses
+ * with ema_put / ema_get to itself (kernels over borrowed pages are covered
+ * by examples/cuda_window.cu).  Every assertion holds for both kinds.
  */
 #include "common.h"
 
@@ -42,7 +49,7 @@
 
 static size_t SEG;               /* the segment size, learned from a window */
 static ema_win_h ctl;            /* a small window per rank for exchanging results */
-static volatile uint8_t *ctl_base;
+static void *ctl_base;           /* reached through own_*() (common.h) only */
 
 #define CTL_SIZE  ((size_t)64 * 1024)
 #define CTL_STATS 0              /* ema_t_size x ema_mem_stat_t */
@@ -60,30 +67,62 @@ static uint64_t wpat(uint64_t seed, size_t word)
     return t_rand(&s);
 }
 
-/* Plain stores of the pattern over bytes [from, to) (multiples of 8). */
-static void fill_words(void *base, size_t from, size_t to, uint64_t seed)
+#define OWN_CHUNK ((size_t)16 << 20) /* cuda: bytes per ema_put / ema_get to itself */
+
+/* The owner stores the pattern over bytes [from, to) (multiples of 8) of its
+ * own part of @win: plain stores through @base on host, ema_put to itself
+ * on cuda (flushed). */
+static void fill_words(ema_win_h win, void *base, size_t from, size_t to, uint64_t seed)
 {
-    volatile uint64_t *w = base;
-    for (size_t i = from / 8; i < to / 8; i++) {
-        w[i] = wpat(seed, i);
+    if (!test_kind_is_cuda()) {
+        volatile uint64_t *w = base;
+        for (size_t i = from / 8; i < to / 8; i++) {
+            w[i] = wpat(seed, i);
+        }
+        return;
     }
+    uint64_t *buf = t_malloc(OWN_CHUNK);
+    for (size_t off = from; off < to; off += OWN_CHUNK) {
+        size_t n = (to - off < OWN_CHUNK) ? to - off : OWN_CHUNK;
+        for (size_t i = 0; i < n / 8; i++) {
+            buf[i] = wpat(seed, off / 8 + i);
+        }
+        T_OK(ema_put(win, ema_t_rank, off, buf, n));
+    }
+    T_OK(ema_win_flush(win, ema_t_rank));
+    free(buf);
 }
 
-/* Plain loads: count words in [from, to) that differ from the pattern. */
-static size_t check_local(const void *base, size_t from, size_t to, uint64_t seed,
-                          const char *what)
+/* The owner loads [from, to) of its own part (plain loads through @base on
+ * host, ema_get to itself on cuda): count words that differ from the pattern. */
+static size_t check_local(ema_win_h win, const void *base, size_t from, size_t to,
+                          uint64_t seed, const char *what)
 {
-    const volatile uint64_t *w = base;
     size_t bad = 0, first = 0;
-    for (size_t i = from / 8; i < to / 8; i++) {
-        if (w[i] != wpat(seed, i)) {
-            if (bad++ == 0) {
-                first = i;
+    if (!test_kind_is_cuda()) {
+        const volatile uint64_t *w = base;
+        for (size_t i = from / 8; i < to / 8; i++) {
+            if (w[i] != wpat(seed, i)) {
+                if (bad++ == 0) {
+                    first = i;
+                }
             }
         }
+    } else {
+        uint64_t *buf = t_malloc(OWN_CHUNK);
+        for (size_t off = from; off < to; off += OWN_CHUNK) {
+            size_t n = (to - off < OWN_CHUNK) ? to - off : OWN_CHUNK;
+            T_OK(ema_get(win, ema_t_rank, off, buf, n));
+            for (size_t i = 0; i < n / 8; i++) {
+                if (buf[i] != wpat(seed, off / 8 + i) && bad++ == 0) {
+                    first = off / 8 + i;
+                }
+            }
+        }
+        free(buf);
     }
-    T_EXPECT(bad == 0, "%s: %zu of %zu words wrong through the base pointer, first at byte %zu",
-             what, bad, (to - from) / 8, first * 8);
+    T_EXPECT(bad == 0, "%s: %zu of %zu words wrong through %s, first at byte %zu", what, bad,
+             (to - from) / 8, own_how(), first * 8);
     return bad;
 }
 
@@ -143,14 +182,14 @@ static void gather_mem_stats(ema_mem_stat_t *all)
     for (int r = 0; r < ema_t_size; r++) {
         size_t off = CTL_STATS + (size_t)ema_t_rank * sizeof(me);
         if (r == ema_t_rank) {
-            memcpy((void *)(ctl_base + off), &me, sizeof(me));
+            own_write(ctl, ctl_base, off, &me, sizeof(me));
         } else {
             T_OK(ema_put(ctl, r, off, &me, sizeof(me)));
         }
     }
     T_OK(ema_win_flush_all(ctl));
     T_OK(ema_barrier());
-    memcpy(all, (const void *)(ctl_base + CTL_STATS), (size_t)ema_t_size * sizeof(*all));
+    own_read(ctl, ctl_base, CTL_STATS, all, (size_t)ema_t_size * sizeof(*all));
 }
 
 /* Collective: every rank's @v, indexed by rank. */
@@ -160,14 +199,14 @@ static void allgather_u64(uint64_t v, uint64_t *all)
     for (int r = 0; r < ema_t_size; r++) {
         size_t off = CTL_VALS + (size_t)ema_t_rank * 8;
         if (r == ema_t_rank) {
-            memcpy((void *)(ctl_base + off), &v, 8);
+            own_write(ctl, ctl_base, off, &v, 8);
         } else {
             T_OK(ema_put(ctl, r, off, &v, 8));
         }
     }
     T_OK(ema_win_flush_all(ctl));
     T_OK(ema_barrier());
-    memcpy(all, (const void *)(ctl_base + CTL_VALS), (size_t)ema_t_size * 8);
+    own_read(ctl, ctl_base, CTL_VALS, all, (size_t)ema_t_size * 8);
 }
 
 static uint64_t bcast_u64(int root, uint64_t v)
@@ -194,14 +233,14 @@ static void set_flag(int rank, size_t off, uint64_t v)
 
 static uint64_t own_flag(size_t off)
 {
-    return atomic_load((_Atomic uint64_t *)(ctl_base + off));
+    return own_load_u64(ctl, ctl_base, off);
 }
 
 static void clear_own_flags(void)
 {
-    atomic_store((_Atomic uint64_t *)(ctl_base + FLAG_GO), 0);
-    atomic_store((_Atomic uint64_t *)(ctl_base + FLAG_DONE), 0);
-    atomic_store((_Atomic uint64_t *)(ctl_base + FLAG_STARTED), 0);
+    own_store_u64(ctl, ctl_base, FLAG_GO, 0);
+    own_store_u64(ctl, ctl_base, FLAG_DONE, 0);
+    own_store_u64(ctl, ctl_base, FLAG_STARTED, 0);
 }
 
 /* Poll this rank's ema_mem_stat until @pred holds or POLL_LIMIT_S passes. */
@@ -354,12 +393,12 @@ static int grow_window(grown_t *g, size_t extra, size_t headroom, uint64_t seed)
     g->win  = alloc_win(g->own, ema_t_rank == 0 ? g->size + headroom : 0, (void **)&g->base);
     uint64_t ok = 1;
     if (ema_t_rank == 0) {
-        fill_words(g->base, 0, g->own, seed);
+        fill_words(g->win, g->base, 0, g->own, seed);
         ema_status_t s = ema_win_grow(g->win, g->size);
         T_STATUS(s, EMA_SUCCESS);
         ok = (s == EMA_SUCCESS);
         if (ok) {
-            fill_words(g->base, g->own, g->size, seed);
+            fill_words(g->win, g->base, g->own, g->size, seed);
         }
     }
     ok = bcast_u64(0, ok);
@@ -432,7 +471,7 @@ static void test_elastic_calls_validate_arguments(void)
     size_t size = 2 * SEG + SEG / 2, max = 4 * SEG;
     uint8_t *base;
     ema_win_h win = alloc_win(size, max, (void **)&base);
-    fill_words(base, 0, size, 77);
+    fill_words(win, base, 0, size, 77);
 
     ema_win_stat_t ws0, ws;
     ema_mem_stat_t ms0, ms;
@@ -540,7 +579,7 @@ static void test_elastic_calls_validate_arguments(void)
         T_STATUS(ema_win_size(win, r, &sz), EMA_SUCCESS);
         T_EXPECT(sz == size, "ema_win_size(rank %d) = %zu, expected %zu", r, sz, size);
     }
-    check_local(base, 0, size, 77, "own part after failed calls");
+    check_local(win, base, 0, size, 77, "own part after failed calls");
     T_OK(ema_barrier());
     check_remote(win, (ema_t_rank + 1) % ema_t_size, 0, size, 77, "neighbour's part");
     T_OK(ema_barrier());
@@ -604,8 +643,8 @@ static void test_grow_past_capacity_borrows_from_peers(void)
     }
     T_OK(ema_barrier());
     if (ok && ema_t_rank == 0) {
-        check_local(g.base, 0, g.own, 1, "owner's local part after peers' puts");
-        check_local(g.base, g.own, g.size, 2, "peers' puts into the borrowed range");
+        check_local(g.win, g.base, 0, g.own, 1, "owner's local part after peers' puts");
+        check_local(g.win, g.base, g.own, g.size, 2, "peers' puts into the borrowed range");
     }
     T_OK(ema_barrier());
     T_OK(ema_win_free(g.win));
@@ -627,7 +666,7 @@ static void round_trip(ema_win_h win, uint8_t *base, size_t size, uint64_t seed,
 {
     char what[160];
     if (ema_t_rank == 0) {
-        fill_words(base, 0, size, seed);
+        fill_words(win, base, 0, size, seed);
     }
     T_OK(ema_barrier());
     if (ema_t_rank != 0) {
@@ -643,7 +682,7 @@ static void round_trip(ema_win_h win, uint8_t *base, size_t size, uint64_t seed,
     T_OK(ema_barrier());
     if (ema_t_rank == 0) {
         snprintf(what, sizeof(what), "%s: peers' puts, plain loads", when);
-        check_local(base, 0, size, seed + 1000, what);
+        check_local(win, base, 0, size, seed + 1000, what);
     }
     T_OK(ema_barrier());
 }
@@ -676,7 +715,7 @@ static void test_base_pointer_stable_across_grow_reclaim_shrink(void)
         ema_win_stat_t ws;
         win_stat(g.win, &ws);
         T_EXPECT(ws.migrations >= st[L].bytes_lent / SEG, "no migration: " WS_FMT, WS_ARGS(ws));
-        check_local(base0, 0, g.size, 11 + 1000, "after reclaim, data at the same address");
+        check_local(g.win, base0, 0, g.size, 11 + 1000, "after reclaim, data at the same address");
     }
     round_trip(g.win, base0, g.size, 12, "after reclaim");
 
@@ -684,14 +723,14 @@ static void test_base_pointer_stable_across_grow_reclaim_shrink(void)
     size_t small = g.own + SEG + SEG / 4;
     if (ema_t_rank == 0) {
         T_STATUS(ema_win_shrink(g.win, small), EMA_SUCCESS);
-        check_local(base0, 0, small, 12 + 1000, "after shrink, kept bytes");
+        check_local(g.win, base0, 0, small, 12 + 1000, "after shrink, kept bytes");
     }
     round_trip(g.win, base0, small, 13, "after shrink");
 
     /* and a second grow maps the new pages after the kept ones again */
     if (ema_t_rank == 0) {
         T_STATUS(ema_win_grow(g.win, g.size + 2 * SEG), EMA_SUCCESS);
-        check_local(base0, 0, small, 13 + 1000, "after the second grow, kept bytes");
+        check_local(g.win, base0, 0, small, 13 + 1000, "after the second grow, kept bytes");
     }
     round_trip(g.win, base0, g.size + 2 * SEG, 14, "after the second grow");
     if (ema_t_rank == L) {
@@ -767,7 +806,7 @@ static void test_explicit_reclaim_returns_memory_data_intact(void)
                  "reclaim callback: %zu bytes in %zu calls (%zu outside [%zu, %zu)), expected "
                  "%zu bytes", atomic_load(&cb_bytes), atomic_load(&cb_calls),
                  atomic_load(&cb_outside), g.own, g.size, lent);
-        check_local(g.base, 0, g.size, 20, "owner's loads after the reclaim");
+        check_local(g.win, g.base, 0, g.size, 20, "owner's loads after the reclaim");
     }
     if (ema_t_rank == T) {
         check_remote(g.win, 0, 0, g.size, 20, "third rank's gets after the reclaim");
@@ -804,7 +843,7 @@ static void test_explicit_reclaim_returns_memory_data_intact(void)
         win_stat(g.win, &ws);
         T_EXPECT(ws.bytes_borrowed == ws0.bytes_borrowed + SEG,
                  "grow after the release should borrow: " WS_FMT, WS_ARGS(ws));
-        check_local(g.base, 0, g.size, 20, "owner's loads after the regrow");
+        check_local(g.win, g.base, 0, g.size, 20, "owner's loads after the regrow");
     }
     gather_mem_stats(st2);
     T_EXPECT(st2[L].bytes_lent == SEG, "released rank %d lends %zu bytes, expected %zu", L,
@@ -850,8 +889,8 @@ static void test_own_grow_reclaims_lent_memory_data_intact(void)
         T_EXPECT(m.bytes_lent == 0 && m.bytes_free == 0 && m.bytes_withheld == 0 &&
                  m.bytes_borrowed == 0, "lender: " MS_FMT, MS_ARGS(m));
         if (ws.size == want) {
-            fill_words(lb, 0, want, 31);
-            check_local(lb, 0, want, 31, "lender's own window");
+            fill_words(lwin, lb, 0, want, 31);
+            check_local(lwin, lb, 0, want, 31, "lender's own window");
         }
     }
     T_OK(ema_barrier());
@@ -861,7 +900,7 @@ static void test_own_grow_reclaims_lent_memory_data_intact(void)
                  ws.bytes_borrowed + ws.bytes_spilled == extra &&
                  ws.migrations == ws0.migrations + lent / SEG,
                  "owner after the implicit reclaim of %zu bytes: " WS_FMT, lent, WS_ARGS(ws));
-        check_local(g.base, 0, g.size, 30, "owner's loads after the implicit reclaim");
+        check_local(g.win, g.base, 0, g.size, 30, "owner's loads after the implicit reclaim");
     }
     if (ok && ema_t_rank == T) {
         check_remote(g.win, 0, 0, g.size, 30, "third rank's gets after the implicit reclaim");
@@ -928,7 +967,7 @@ static void test_acquired_range_not_moved_until_released(void)
     }
     T_OK(ema_barrier());
     if (ema_t_rank == 0) {
-        check_local(g.base, 0, g.size, 40, "owner's loads while held");
+        check_local(g.win, g.base, 0, g.size, 40, "owner's loads while held");
         /* the owner's own statistics call must not block on the waiting reclaim */
         memset(&sth, 0, sizeof(sth));
         sth.win = g.win;
@@ -980,7 +1019,7 @@ static void test_acquired_range_not_moved_until_released(void)
         T_EXPECT(ws.migrations == ws0.migrations + lent / SEG &&
                  ws.bytes_borrowed + ws.bytes_spilled == extra,
                  "owner after the release: " WS_FMT, WS_ARGS(ws));
-        check_local(g.base, 0, g.size, 40, "owner's loads after the move");
+        check_local(g.win, g.base, 0, g.size, 40, "owner's loads after the move");
     }
     if (ema_t_rank == T) {
         check_remote(g.win, 0, 0, g.size, 40, "third rank's gets after the move");
@@ -1065,7 +1104,7 @@ static void test_peer_lookup_not_blocked_by_held_range(void)
     }
     T_OK(ema_barrier());
     if (ok && ema_t_rank == 0) {
-        check_local(g.base, 0, g.size, 45, "owner's loads after the move");
+        check_local(g.win, g.base, 0, g.size, 45, "owner's loads after the move");
     }
     T_OK(ema_barrier());
     T_OK(ema_win_free(g.win));
@@ -1196,11 +1235,12 @@ static void test_put_get_racing_migration_lose_no_word(void)
     if (ema_t_rank == 0) {
         win_stat(g.win, &ws);
         T_EXPECT(ws.migrations >= ws0.migrations + lent / SEG, "owner: " WS_FMT, WS_ARGS(ws));
-        const volatile uint64_t *w = (const uint64_t *)g.base;
+        /* plain loads on host; one ema_get to itself on cuda */
+        const uint64_t *w = (const uint64_t *)own_view(g.win, g.base, g.own, nb * SEG);
         size_t bad = 0;
         for (size_t k = 0; k < nchunks; k++) {
             for (size_t j = 0; j < CHUNK / 8; j++) {
-                uint64_t v = w[CHUNK_OFF(k) / 8 + j];
+                uint64_t v = w[(CHUNK_OFF(k) - g.own) / 8 + j];
                 if (v != seqval(k, j)) {
                     if (bad++ < 3) {
                         fprintf(stderr, "rank 0: chunk %zu word %zu (byte %zu) holds %#" PRIx64
@@ -1212,7 +1252,7 @@ static void test_put_get_racing_migration_lose_no_word(void)
             }
         }
         T_EXPECT(bad == 0, "%zu of %zu words lost or torn", bad, nchunks * CHUNK / 8);
-        check_local(g.base, 0, g.own, 50, "owner's local part");
+        check_local(g.win, g.base, 0, g.own, 50, "owner's local part");
     }
     if (ema_t_rank == R) {
         uint64_t *buf = t_malloc(nb * SEG);
@@ -1327,7 +1367,7 @@ static void test_shrink_returns_spilled_before_borrowed(void)
             size_t segs_bo = (b.bytes_borrowed + SEG - 1) / SEG * SEG;
             T_EXPECT(m.bytes_spilled == segs_sp && m.bytes_borrowed == segs_bo,
                      "rank memory after shrink to %zu: " MS_FMT, next, MS_ARGS(m));
-            check_local(g.base, 0, next, 70, "kept bytes after a shrink step");
+            check_local(g.win, g.base, 0, next, 70, "kept bytes after a shrink step");
             a = b;
             sz = next;
         }
@@ -1372,7 +1412,7 @@ static void test_shrink_brings_spilled_home_before_borrowed(void)
                  b.bytes_local == g.own + 3 * SEG && b.migrations == a.migrations + 3,
                  "expected spilled 0, borrowed %zu, local %zu, 3 migrations: " WS_FMT
                  " (was " WS_FMT ")", pl - SEG, g.own + 3 * SEG, WS_ARGS(b), WS_ARGS(a));
-        check_local(g.base, 0, g.size - SEG, 80, "kept bytes after the shrink");
+        check_local(g.win, g.base, 0, g.size - SEG, 80, "kept bytes after the shrink");
     }
     T_OK(ema_barrier());
     if (ok && ema_t_rank == 1) {
@@ -1419,7 +1459,7 @@ static void test_grow_spills_when_no_peer_can_lend(void)
             T_EXPECT(st[r].bytes_lent == 0, "rank %d lent %zu with a full reserve", r,
                      st[r].bytes_lent);
         }
-        check_local(g.base, 0, g.size, 90, "owner's loads over the spilled pages");
+        check_local(g.win, g.base, 0, g.size, 90, "owner's loads over the spilled pages");
     }
     if (ok) {
         round_trip(g.win, g.base, g.size, 91, "spilled pages");
@@ -1452,7 +1492,7 @@ static void expect_grow_fails_unchanged(grown_t *g, size_t cur, size_t to, uint6
         T_EXPECT(win_stat_eq(&ws, &ws0), "the failed grow changed the window: " WS_FMT
                  " (was " WS_FMT ")", WS_ARGS(ws), WS_ARGS(ws0));
         T_EXPECT(sz == sz0 && sz == cur, "ema_win_size %zu, was %zu", sz, sz0);
-        check_local(g->base, 0, cur, seed, "data after the failed grow");
+        check_local(g->win, g->base, 0, cur, seed, "data after the failed grow");
     }
     T_OK(ema_barrier());
     if (ema_t_rank == 2) {
@@ -1491,7 +1531,7 @@ static void test_grow_fails_no_memory_when_spill_tier_full(void)
             win_stat(g.win, &ws);
             T_EXPECT(ws.bytes_spilled == 4 * SEG, "after filling the spill tier: " WS_FMT,
                      WS_ARGS(ws));
-            check_local(g.base, 0, g.size, 100, "data after the second grow");
+            check_local(g.win, g.base, 0, g.size, 100, "data after the second grow");
             /* and now not even a part of a segment more */
             T_STATUS(ema_win_grow(g.win, g.size + SEG + 1), EMA_ERR_NO_MEMORY);
         }
@@ -1531,7 +1571,7 @@ static void test_grow_fails_no_memory_leaves_window_unchanged(void)
             win_stat(g.win, &ws);
             T_EXPECT(ws.size == g.own && ws.bytes_local == g.own && ws.bytes_borrowed == 0,
                      "grow inside the last segment: " WS_FMT, WS_ARGS(ws));
-            check_local(g.base, 0, cur, 110, "data after growing inside the last segment");
+            check_local(g.win, g.base, 0, cur, 110, "data after growing inside the last segment");
         }
     }
     T_OK(ema_barrier());
@@ -1572,13 +1612,19 @@ int main(int argc, char **argv)
     check_elastic_calls_state("before ema_init");
     ema_test_init("test_elastic");
     if (ema_t_size != 4) {
-        fprintf(stderr, "FAIL test_elastic: needs 4 ranks, has %d\n", ema_t_size);
-        return 1;
+        /* the scenarios need an owner, a lender and two more ranks: the
+         * scripts run 4; a run on other counts (contrib/gpu-suite.sh runs
+         * every program on 2 and 4) is skipped, exit 77 */
+        if (ema_t_rank == 0) {
+            printf("SKIP test_elastic: needs 4 ranks, has %d\n", ema_t_size);
+        }
+        T_OK(ema_finalize());
+        return 77;
     }
     /* the control window: one segment per rank; its max_size is the segment size */
     ema_win_stat_t ws;
-    ctl = alloc_win(CTL_SIZE, CTL_SIZE, (void **)&ctl_base);
-    memset((void *)ctl_base, 0, CTL_SIZE);
+    ctl = alloc_win(CTL_SIZE, CTL_SIZE, &ctl_base);
+    own_memset(ctl, ctl_base, 0, 0, CTL_SIZE);
     T_OK(ema_win_stat(ctl, &ws));
     SEG = ws.max_size;
     T_OK(ema_barrier());

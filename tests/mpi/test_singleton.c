@@ -36,15 +36,15 @@ int main(void)
     ema_win_h win;
     T_OK(ema_win_allocate(PART, NULL, &b, &win));
     uint8_t *base = b, *buf = t_malloc(PART), *rb = t_malloc(PART);
-    memset(base, 0, PART);
+    own_memset(win, base, 0, 0, PART);
     static const size_t offs[] = {0, SEG - 3, 2 * SEG - 1, PART - 1};
     static const size_t lens[] = {PART, 6, SEG + 2, 1};
     for (int i = 0; i < 4; i++) {
         t_fill(buf, lens[i], i, 0, offs[i]);
         T_STATUS(ema_put(win, 0, offs[i], buf, lens[i]), EMA_SUCCESS);
         T_STATUS(ema_win_flush(win, 0), EMA_SUCCESS);
-        size_t bad = t_check(base + offs[i], lens[i], i, 0, offs[i]);
-        T_EXPECT(bad == lens[i], "put %d not in own part at +%zu", i, bad);
+        size_t bad = t_check(own_view(win, base, offs[i], lens[i]), lens[i], i, 0, offs[i]);
+        T_EXPECT(bad == lens[i], "put %d not in own part at +%zu (%s)", i, bad, own_how());
         memset(rb, 0, lens[i]);
         T_STATUS(ema_get(win, 0, offs[i], rb, lens[i]), EMA_SUCCESS);
         T_EXPECT(memcmp(rb, buf, lens[i]) == 0, "get %d differs", i);
@@ -59,7 +59,7 @@ int main(void)
     T_STATUS(s, EMA_SUCCESS);
     T_EXPECT(memcmp(rb, buf, PART) == 0, "non-blocking round trip differs");
     uint64_t old = 1;
-    memset(base + SEG, 0, 8);
+    own_memset(win, base, SEG, 0, 8);
     T_STATUS(ema_fetch_add(win, 0, SEG, 5, &old), EMA_SUCCESS);
     T_EXPECT(old == 0, "fetch_add old %" PRIu64, old);
     T_STATUS(ema_barrier(), EMA_SUCCESS);

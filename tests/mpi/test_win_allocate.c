@@ -4,12 +4,14 @@
  * gets respect each part's own bounds; several windows live at once and stay
  * isolated; a collective failure (one rank asks for more than its capacity)
  * fails on every rank with EMA_ERR_NO_MEMORY, writes no output, and leaves
- * the memory free for a later allocation.  Run with EMA_DEVICE_MEMORY=64M.
+ * the memory free for a later allocation.  The capacity is learned at run
+ * time (ema_mem_stat): the scripts set EMA_DEVICE_MEMORY=64M, the GPU suite 4G.
  */
 #include "common.h"
 
 #define SEG      ((size_t)64 * 1024)
-#define CAPACITY ((size_t)64 * 1024 * 1024) /* EMA_DEVICE_MEMORY in the scripts */
+
+static size_t CAPACITY; /* this rank's capacity (EMA_DEVICE_MEMORY), from ema_mem_stat */
 
 static size_t size_of(int r)
 {
@@ -34,7 +36,7 @@ static void test_sizes_differ_per_rank_including_zero(void)
                  size_of(r));
     }
     if (mine > 0) {
-        memset(base, 0x11, mine);
+        own_memset(win, base, 0, 0x11, mine);
     }
     T_OK(ema_barrier());
 
@@ -62,9 +64,10 @@ static void test_sizes_differ_per_rank_including_zero(void)
     T_OK(ema_barrier());
     if (mine > 0) {
         int from = (ema_t_rank + ema_t_size - 1) % ema_t_size;
-        T_EXPECT(((uint8_t *)base)[mine - 1] == (uint8_t)(0x80 + from), "last byte is %#x",
-                 ((uint8_t *)base)[mine - 1]);
-        T_EXPECT(mine == 1 || ((uint8_t *)base)[mine - 2] == 0x11, "byte before last changed");
+        size_t n = mine == 1 ? 1 : 2;
+        const uint8_t *tail = own_view(win, base, mine - n, n);
+        T_EXPECT(tail[n - 1] == (uint8_t)(0x80 + from), "last byte is %#x", tail[n - 1]);
+        T_EXPECT(mine == 1 || tail[0] == 0x11, "byte before last changed");
     }
     T_OK(ema_win_free(win));
 }
@@ -82,7 +85,7 @@ static void test_many_windows_are_isolated_and_free_in_any_order(void)
         void *b;
         T_OK(ema_win_allocate(sz, NULL, &b, &wins[i]));
         bases[i] = b;
-        memset(b, 0, sz);
+        own_memset(wins[i], b, 0, 0, sz);
         for (int j = 0; j < i; j++) {
             T_EXPECT(wins[i] != wins[j], "two live windows share a handle");
             T_EXPECT(bases[i] + sz <= bases[j] || bases[j] + sz <= bases[i],
@@ -100,14 +103,15 @@ static void test_many_windows_are_isolated_and_free_in_any_order(void)
     }
     T_OK(ema_barrier());
     for (int i = 0; i < NWIN; i++) {
+        const uint8_t *own = own_view(wins[i], bases[i], 0, sz);
         size_t bad = sz;
         for (size_t k = 0; k < sz && bad == sz; k++) {
             uint8_t want = (k >= SEG - 50 && k < 2 * SEG - 50) ? (uint8_t)(0x30 + i) : 0;
-            if (bases[i][k] != want) {
+            if (own[k] != want) {
                 bad = k;
             }
         }
-        T_EXPECT(bad == sz, "window %d: byte %zu is %#x", i, bad, bad < sz ? bases[i][bad] : 0);
+        T_EXPECT(bad == sz, "window %d: byte %zu is %#x", i, bad, bad < sz ? own[bad] : 0);
     }
     T_OK(ema_barrier());
     /* free in an order other than creation (the same on every rank) */
@@ -148,8 +152,10 @@ static void test_one_rank_over_capacity_fails_everywhere_and_leaks_nothing(void)
     void *base;
     ema_win_h win;
     T_OK(ema_win_allocate(CAPACITY, NULL, &base, &win));
-    ((uint8_t *)base)[0] = 1;
-    ((uint8_t *)base)[CAPACITY - 1] = 2;
+    own_memset(win, base, 0, 1, 1);
+    own_memset(win, base, CAPACITY - 1, 2, 1);
+    T_EXPECT(own_view(win, base, 0, 1)[0] == 1 && own_view(win, base, CAPACITY - 1, 1)[0] == 2,
+             "the first and last byte of a window of the whole capacity do not hold");
     size_t s = 0;
     T_STATUS(ema_win_size(win, (ema_t_rank + 1) % ema_t_size, &s), EMA_SUCCESS);
     T_EXPECT(s == CAPACITY, "neighbour's size %zu", s);
@@ -176,7 +182,7 @@ static void test_allocation_after_failure_still_moves_data(void)
     T_STATUS(ema_win_flush(win, t), EMA_SUCCESS);
     T_OK(ema_barrier());
     int from = (ema_t_rank + ema_t_size - 1) % ema_t_size;
-    memcpy(&got, (uint8_t *)base + SEG - 8, 8);
+    own_read(win, base, SEG - 8, &got, 8);
     T_EXPECT(got == 0xfeed0000u + (uint64_t)from, "got %#" PRIx64, got);
     T_OK(ema_barrier());
     T_OK(ema_win_free(win));
@@ -185,6 +191,12 @@ static void test_allocation_after_failure_still_moves_data(void)
 int main(void)
 {
     ema_test_init("test_win_allocate");
+    ema_mem_stat_t m;
+    T_OK(ema_mem_stat(&m));
+    CAPACITY = m.capacity;
+    if (ema_t_rank == 0) {
+        printf("# capacity %zu, memory kind %s\n", CAPACITY, test_kind_is_cuda() ? "cuda" : "host");
+    }
     test_sizes_differ_per_rank_including_zero();
     test_many_windows_are_isolated_and_free_in_any_order();
     test_one_rank_over_capacity_fails_everywhere_and_leaks_nothing();

@@ -38,7 +38,10 @@
  *      its stripes of every part with ema_get / ema_get_nb and compares
  *      them with its model; the owner also reads its whole part through its
  *      base pointer (under ema_win_acquire) and checks that every word is 0
- *      or consistent (writer = the stripe's owner, part, word index).
+ *      or consistent (writer = the stripe's owner, part, word index).  On
+ *      the cuda memory kind (EMA_MEMORY_KIND=cuda in the environment; the
+ *      default here is host) the base pointer is device memory, so the
+ *      owner makes that scan with ema_get to itself instead.
  *
  * Options: --time S (default 10), --seed N, --verbose (one line per grow,
  * shrink and reclaim), --no-range-puts (no out-of-range puts: they make
@@ -65,6 +68,7 @@
 
 #define DEF_DEVICE_MEMORY (32ull << 20)
 #define DEF_SEGMENT_SIZE  (1ull << 20)
+#define DEF_SEGMENT_CUDA  (2ull << 20)   /* cuda: the VMM granularity */
 #define MIN_SIZE          (3ull << 20)   /* smallest size of a part */
 #define MAX_SIZE          (48ull << 20)  /* largest: 1.5x a rank's memory */
 #define STRIPE            (320ull << 10) /* write-ownership unit, not a segment multiple */
@@ -102,7 +106,8 @@ static int       verbose;
 static int       range_puts = 1;   /* --no-range-puts turns them off */
 static stats_t   st;
 static ema_win_h win, ctrl;
-static uint64_t *base;            /* own part of win */
+static uint64_t *base;            /* own part of win; host kind: CPU loads through it */
+static int       kind_cuda;       /* cuda memory kind: base is device memory */
 static size_t    sizes[MAX_RANKS]; /* announced sizes of every part */
 static size_t    my_size;          /* own part's size, ahead of the announcement */
 static size_t    cap_bytes, seg_bytes;
@@ -640,12 +645,23 @@ static void verify(void)
         }
     }
 
-    /* 2. the whole own part, through the base pointer */
+    /* 2. the whole own part, through the base pointer (host) or ema_get to
+     *    itself (cuda: the CPU must not load device memory) */
     uint64_t nw = sizes[rank] / 8;
     if (nw > 0) {
         EXPECT_OK(ema_win_acquire(win, 0, sizes[rank]));
         for (uint64_t i = 0; i < nw; i++) {
-            uint64_t v = base[i];
+            if (kind_cuda && i % WORDS_PER_STRIPE == 0) {
+                uint64_t n = nw - i < WORDS_PER_STRIPE ? nw - i : WORDS_PER_STRIPE;
+                ema_status_t s = ema_get(win, rank, i * 8, get_buf[1], n * 8);
+                if (s != EMA_SUCCESS) {
+                    fprintf(stderr, "ema_stress: rank %d: get of its own part at %" PRIu64
+                            " failed: %s\n", rank, i * 8, ema_strerror(s));
+                    st.errors++;
+                    memset(get_buf[1], 0, n * 8);
+                }
+            }
+            uint64_t v = kind_cuda ? get_buf[1][i % WORDS_PER_STRIPE] : base[i];
             if (v == 0) {
                 continue;
             }
@@ -693,17 +709,22 @@ int main(int argc, char **argv)
         }
     }
 
-    /* Memory and segment size: the environment wins, else these defaults. */
+    /* Memory kind, memory and segment size: the environment wins, else these
+     * defaults (host memory). */
     memset(&ip, 0, sizeof(ip));
-    ip.field_mask  = EMA_INIT_PARAM_FIELD_MEMORY_KIND;
-    ip.memory_kind = EMA_MEMORY_KIND_HOST;
+    if (getenv("EMA_MEMORY_KIND") == NULL) {
+        ip.field_mask  = EMA_INIT_PARAM_FIELD_MEMORY_KIND;
+        ip.memory_kind = EMA_MEMORY_KIND_HOST;
+    }
     if (getenv("EMA_DEVICE_MEMORY") == NULL) {
         ip.field_mask   |= EMA_INIT_PARAM_FIELD_DEVICE_MEMORY;
         ip.device_memory = DEF_DEVICE_MEMORY;
     }
     if (getenv("EMA_SEGMENT_SIZE") == NULL) {
+        const char *kind = getenv("EMA_MEMORY_KIND");
         ip.field_mask  |= EMA_INIT_PARAM_FIELD_SEGMENT_SIZE;
-        ip.segment_size = DEF_SEGMENT_SIZE;
+        ip.segment_size = (kind == NULL || strcmp(kind, "host") == 0) ? DEF_SEGMENT_SIZE
+                                                                      : DEF_SEGMENT_CUDA;
     }
     MUST(ema_init(&ip));
     MUST(ema_world_rank(&rank));
@@ -718,6 +739,7 @@ int main(int argc, char **argv)
     ema_mem_stat_t ms;
     MUST(ema_mem_stat(&ms));
     cap_bytes = ms.capacity;
+    kind_cuda = (ms.memory_kind == EMA_MEMORY_KIND_CUDA);
 
     /* the control window first, so it lives in local memory */
     void *cbase;

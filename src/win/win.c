@@ -33,6 +33,7 @@ ema_status_t ema__win_ctx_init(ema__win_ctx_t *ctx, ema__xport_t *xp, ema__mem_a
             continue; /* no spill tier (EMA_SPILL=none) */
         }
         status = ema__xport_mr_register(xp, ctx->tier[t]->base, ctx->tier[t]->capacity,
+                                        ctx->tier[t]->ops->kind == EMA_MEMORY_KIND_CUDA,
                                         &ctx->mr[t]);
         if (status != EMA_SUCCESS) {
             goto err;

@@ -332,7 +332,7 @@ void ema__xport_destroy(ema__xport_t *xp)
     pthread_mutex_destroy(&xp->defer_lock);
 }
 
-ema_status_t ema__xport_mr_register(ema__xport_t *xp, void *addr, size_t len,
+ema_status_t ema__xport_mr_register(ema__xport_t *xp, void *addr, size_t len, int cuda,
                                     ema__xport_mr_t *mr)
 {
     ucp_mem_map_params_t mp;
@@ -350,6 +350,12 @@ ema_status_t ema__xport_mr_register(ema__xport_t *xp, void *addr, size_t len,
     mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
     mp.address    = addr;
     mp.length     = len;
+    if (cuda) {
+        /* VMM memory mapped through driver calls that UCX does not hook: say
+         * what it is rather than let UCX take it for host memory */
+        mp.field_mask |= UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE;
+        mp.memory_type = UCS_MEMORY_TYPE_CUDA;
+    }
     status = ucp_mem_map(xp->context, &mp, &mr->memh);
     if (status != UCS_OK) {
         ema_error("ucp_mem_map(%p, %zu) failed: %s", addr, len, ucs_status_string(status));

@@ -115,7 +115,8 @@ void ema__xport_set_am_handler(ema__xport_t *xp, unsigned id, ema__am_handler_cb
 ema_status_t ema__xport_am_send(ema__xport_t *xp, int peer, unsigned id, const void *data,
                                 size_t len);
 
-ema_status_t ema__xport_mr_register(ema__xport_t *xp, void *addr, size_t len,
+/* @cuda: the range is CUDA device memory. */
+ema_status_t ema__xport_mr_register(ema__xport_t *xp, void *addr, size_t len, int cuda,
                                     ema__xport_mr_t *mr);
 ema_status_t ema__xport_mr_add_peer(ema__xport_t *xp, ema__xport_mr_t *mr, int peer,
                                     uint64_t base, const void *rkey_buf);

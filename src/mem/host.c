@@ -150,8 +150,8 @@ static int64_t ema_host_seg_handle(ema__mem_arena_t *arena, uint32_t seg)
     return arena->fd; /* one memfd holds every segment, at seg * seg_size */
 }
 
-static ema_status_t ema_host_map(ema__mem_arena_t *arena, const ema__mem_export_t *exp,
-                                 uint32_t seg, int64_t handle, void *addr)
+static ema_status_t ema_host_map_many(ema__mem_arena_t *arena, const ema__mem_export_t *exp,
+                                      uint32_t seg, uint32_t count, int64_t handle, void *addr)
 {
     int fd = arena->fd, own = (exp->pid == (int32_t)getpid());
 
@@ -161,7 +161,8 @@ static ema_status_t ema_host_map(ema__mem_arena_t *arena, const ema__mem_export_
             return (errno == ENOENT || errno == ESRCH) ? EMA_ERR_PEER_LOST : EMA_ERR_IO;
         }
     }
-    void *p = mmap(addr, exp->seg_size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd,
+    void *p = mmap(addr, (size_t)count * exp->seg_size, PROT_READ | PROT_WRITE,
+                   MAP_SHARED | MAP_FIXED, fd,
                    (off_t)((uint64_t)seg * exp->seg_size));
     int err = errno;
     if (p == MAP_FAILED) {
@@ -170,6 +171,12 @@ static ema_status_t ema_host_map(ema__mem_arena_t *arena, const ema__mem_export_
         return EMA_ERR_IO;
     }
     return EMA_SUCCESS;
+}
+
+static ema_status_t ema_host_map(ema__mem_arena_t *arena, const ema__mem_export_t *exp,
+                                 uint32_t seg, int64_t handle, void *addr)
+{
+    return ema_host_map_many(arena, exp, seg, 1, handle, addr);
 }
 
 static ema_status_t ema_host_unmap(ema__mem_arena_t *arena, void *addr, size_t len)
@@ -226,6 +233,7 @@ const ema__mem_ops_t ema__mem_host_ops = {
     .unreserve            = ema_host_unreserve,
     .seg_handle           = ema_host_seg_handle,
     .map                  = ema_host_map,
+    .map_many             = ema_host_map_many,
     .unmap                = ema_host_unmap,
     .attach               = ema_host_attach,
     .detach               = ema_host_detach,

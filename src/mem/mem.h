@@ -53,6 +53,10 @@ typedef struct ema__mem_ops {
      * @exp (ours or a peer's) at @addr, which lies inside a reserved range. */
     ema_status_t (*map)(ema__mem_arena_t *arena, const ema__mem_export_t *exp,
                         uint32_t seg, int64_t handle, void *addr);
+    /* Optional: map @count consecutive segments from @seg on, all behind the
+     * same @handle, at @addr in one call (one TLB shootdown, not @count). */
+    ema_status_t (*map_many)(ema__mem_arena_t *arena, const ema__mem_export_t *exp,
+                             uint32_t seg, uint32_t count, int64_t handle, void *addr);
     /* Unmap whatever is mapped at [addr, addr+len), keeping the reservation. */
     ema_status_t (*unmap)(ema__mem_arena_t *arena, void *addr, size_t len);
     /* Map the whole arena described by @exp (a peer's) for direct loads and

@@ -28,6 +28,32 @@ ema_status_t ema__win_seg_map(ema_win_h win, uint32_t idx, ema__loc_t loc, int64
                            (char *)win->base + (size_t)idx * win->ctx->seg_size);
 }
 
+void ema__win_seg_copy(ema__win_ctx_t *ctx, ema__loc_t dst, ema__loc_t src, uint32_t count)
+{
+    size_t seg = ctx->seg_size;
+    char *d = ctx->peer_base[EMA_LOC_TIER(dst)][EMA_LOC_RANK(dst)] + (size_t)EMA_LOC_SEG(dst) * seg;
+    char *s = ctx->peer_base[EMA_LOC_TIER(src)][EMA_LOC_RANK(src)] + (size_t)EMA_LOC_SEG(src) * seg;
+    ctx->tier[EMA_TIER_DEVICE]->ops->copy(ctx->tier[EMA_TIER_DEVICE], d, s, (size_t)count * seg);
+}
+
+ema_status_t ema__win_seg_map_many(ema_win_h win, uint32_t idx, ema__loc_t loc, uint32_t count,
+                                   int64_t handle)
+{
+    const ema__mem_export_t *exp;
+    ema__mem_arena_t *arena = ema_win_loc_arena(win->ctx, loc, &exp);
+    void *at = (char *)win->base + (size_t)idx * win->ctx->seg_size;
+    if (arena->ops->map_many == NULL) {
+        for (uint32_t i = 0; i < count; i++) {
+            ema_status_t st = ema__win_seg_map(win, idx + i, loc + i, handle);
+            if (st != EMA_SUCCESS) {
+                return st;
+            }
+        }
+        return EMA_SUCCESS;
+    }
+    return arena->ops->map_many(arena, exp, EMA_LOC_SEG(loc), count, handle, at);
+}
+
 void ema__win_seg_unmap(ema_win_h win, uint32_t first, uint32_t count)
 {
     ema__mem_arena_t *arena = win->ctx->tier[EMA_TIER_DEVICE];

@@ -155,6 +155,15 @@ ema_status_t ema__win_seg_map(ema_win_h win, uint32_t idx, ema__loc_t loc, int64
 /* Replace segment @idx of the own part by @loc: copy the data into it and
  * map it in place.  The caller has invalidated @idx everywhere. */
 ema_status_t ema__win_seg_move(ema_win_h win, uint32_t idx, ema__loc_t loc, int64_t handle);
+/* Direct kind: copy @count segments from the memory at @src (and the
+ * segments after it) to @dst, through this rank's mappings of every rank's
+ * memory, not through any window. */
+void         ema__win_seg_copy(ema__win_ctx_t *ctx, ema__loc_t dst, ema__loc_t src,
+                               uint32_t count);
+/* Map @count consecutive segments (@loc and the ones after it, all behind
+ * @handle) at @idx and after, in one call where the kind allows. */
+ema_status_t ema__win_seg_map_many(ema_win_h win, uint32_t idx, ema__loc_t loc, uint32_t count,
+                                   int64_t handle);
 /* Unmap segments [first, nsegs) of the own part, keeping the reservation. */
 void         ema__win_seg_unmap(ema_win_h win, uint32_t first, uint32_t count);
 

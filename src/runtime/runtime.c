@@ -269,6 +269,13 @@ EMA_EXPORT ema_status_t ema_init(const ema_init_params_t *params)
         goto err_boot;
     }
 
+    if (w->pool.cfg.spill && ops->kind == EMA_MEMORY_KIND_CUDA) {
+        /* A spilled segment is mapped into the window's range, which on the
+         * cuda kind is a CUDA VMM reservation: host memory cannot go there
+         * without CUDA host-memory VMM support, not written yet. */
+        ema_info("EMA_SPILL=host is not supported with the cuda memory kind yet: no spill tier");
+        w->pool.cfg.spill = 0;
+    }
     if (w->pool.cfg.spill) {
         /* The spill tier is host memory whatever the device kind: address
          * space until a window spills into it. */

@@ -160,6 +160,7 @@ static void ema_pool_grant(ema__pool_t *pool, int src, const ema_pool_msg_t *req
         k = 0;
     }
     for (uint32_t i = 0; i < k; i++) {
+        ema_trace("lending segment %u to rank %d", segs[i], src);
         pool->lent_to[segs[i]]  = (int16_t)src;
         pool->granting[segs[i]] = 1; /* not recalled before the grant is out */
         handles[i] = pool->arena->ops->seg_handle(pool->arena, segs[i]);
@@ -203,6 +204,8 @@ static void ema_pool_take_back(ema__pool_t *pool, int src, uint32_t count, const
             continue;
         }
         pool->lent_to[s] = -1;
+        ema_trace("rank %d gave back segment %u%s", src, s,
+                  pool->recalling[s] ? " (recalled)" : "");
         if (pool->recalling[s]) {
             pool->recalling[s] = 0;
             recalled++;
@@ -828,6 +831,7 @@ ema_status_t ema__pool_reclaim(ema__pool_t *pool, uint32_t target, uint64_t time
             pthread_mutex_lock(&pool->lock);
             for (uint32_t s = 0; s < nsegs && sent + n < need; s++) {
                 if (pool->lent_to[s] == b && !pool->recalling[s] && !pool->granting[s]) {
+                    ema_trace("recalling segment %u from rank %d", s, b);
                     pool->recalling[s] = 1;
                     segs[n++] = s;
                 }

@@ -120,6 +120,29 @@ static inline ucs_status_ptr_t ema_rma_issue(ema__win_ctx_t *ctx, ema_op_t op, i
                               : ucp_get_nbx(ep, buf, len, raddr, rkey, param);
 }
 
+/*
+ * Resolve the run at @offset with ctx->inflight raised, waiting while its
+ * segment moves.  Returns the run's length, the caller then issues the
+ * operation and drops inflight; or 0, inflight dropped, if the range has
+ * left the part (a shrink raced the operation).
+ */
+static inline size_t ema_rma_enter(ema_win_h win, ema__win_part_t *part, size_t offset,
+                                   size_t len, int *rank_p, int *tier_p, uint64_t *raddr_p)
+{
+    ema__win_ctx_t *ctx = win->ctx;
+    size_t n;
+
+    atomic_fetch_add(&ctx->inflight, 1);
+    while ((n = ema_rma_run(win, part, offset, len, rank_p, tier_p, raddr_p)) == 0) {
+        ema_rma_wait_moving(ctx);
+    }
+    if (n == SIZE_MAX) {
+        atomic_fetch_sub(&ctx->inflight, 1);
+        return 0;
+    }
+    return n;
+}
+
 /* Direct access (host kind): the run's bytes are copied with the CPU into
  * or out of the holder's memory, mapped in this process. */
 static inline char *ema_rma_local(ema__win_ctx_t *ctx, int rank, int tier, uint64_t raddr)
@@ -138,12 +161,8 @@ static ema_status_t ema_rma_direct(ema_win_h win, ema_op_t op, int rank, size_t 
 
     while (len > 0) {
         /* inflight covers the copy: a migration waits for it to finish */
-        atomic_fetch_add(&ctx->inflight, 1);
-        while ((n = ema_rma_run(win, part, offset, len, &trank, &tier, &raddr)) == 0) {
-            ema_rma_wait_moving(ctx);
-        }
-        if (n == SIZE_MAX) {
-            atomic_fetch_sub(&ctx->inflight, 1);
+        n = ema_rma_enter(win, part, offset, len, &trank, &tier, &raddr);
+        if (n == 0) {
             return EMA_ERR_RANGE;
         }
         char *p = ema_rma_local(ctx, trank, tier, raddr);
@@ -178,13 +197,8 @@ static ema_status_t ema_rma_blocking(ema_win_h win, ema_op_t op, int rank, size_
     param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK;
     param.cb.send      = ema_rma_noop_cb;
     while (len > 0) {
-        atomic_fetch_add(&ctx->inflight, 1);
-        size_t n;
-        while ((n = ema_rma_run(win, part, offset, len, &trank, &tier, &raddr)) == 0) {
-            ema_rma_wait_moving(ctx);
-        }
-        if (n == SIZE_MAX) {
-            atomic_fetch_sub(&ctx->inflight, 1);
+        size_t n = ema_rma_enter(win, part, offset, len, &trank, &tier, &raddr);
+        if (n == 0) {
             status = EMA_ERR_RANGE;
             break;
         }
@@ -237,12 +251,8 @@ static ema_status_t ema_rma_nb(ema_win_h win, ema_op_t op, int rank, size_t offs
         }
         return status;
     }
-    atomic_fetch_add(&ctx->inflight, 1);
-    while ((n = ema_rma_run(win, part, offset, len, &trank, &tier, &raddr)) == 0) {
-        ema_rma_wait_moving(ctx);
-    }
-    if (n == SIZE_MAX) {
-        atomic_fetch_sub(&ctx->inflight, 1);
+    n = ema_rma_enter(win, part, offset, len, &trank, &tier, &raddr);
+    if (n == 0) {
         return EMA_ERR_RANGE;
     }
     if (n == len) {
@@ -278,12 +288,8 @@ static ema_status_t ema_rma_nb(ema_win_h win, ema_op_t op, int rank, size_t offs
     param.cb.send      = ema_rma_agg_cb;
     param.user_data    = agg;
     while (len > 0) {
-        atomic_fetch_add(&ctx->inflight, 1);
-        while ((n = ema_rma_run(win, part, offset, len, &trank, &tier, &raddr)) == 0) {
-            ema_rma_wait_moving(ctx);
-        }
-        if (n == SIZE_MAX) {
-            atomic_fetch_sub(&ctx->inflight, 1);
+        n = ema_rma_enter(win, part, offset, len, &trank, &tier, &raddr);
+        if (n == 0) {
             int expected = EMA_SUCCESS;
             atomic_compare_exchange_strong(&agg->status, &expected, EMA_ERR_RANGE);
             break;
@@ -492,14 +498,8 @@ static ema_status_t ema_atomic(ema_win_h win, int rank, size_t offset, ucp_atomi
     ema__win_ctx_t *ctx = win->ctx;
     int trank, tier;
     uint64_t raddr;
-    atomic_fetch_add(&ctx->inflight, 1);
-    size_t n;
-    while ((n = ema_rma_run(win, &win->parts[rank], offset, sizeof(uint64_t), &trank, &tier,
-                            &raddr)) == 0) {
-        ema_rma_wait_moving(ctx);
-    }
-    if (n == SIZE_MAX) {
-        atomic_fetch_sub(&ctx->inflight, 1);
+    if (ema_rma_enter(win, &win->parts[rank], offset, sizeof(uint64_t), &trank, &tier,
+                      &raddr) == 0) {
         return EMA_ERR_RANGE;
     }
 

@@ -260,10 +260,7 @@ static ema_status_t ema_pool_hold(ema_win_h win, size_t offset, size_t len, int 
         while (delta > 0 && (atomic_load(&part->loc[i]) & EMA_LOC_MOVING)) {
             atomic_fetch_sub(&win->held[i], 1);
             while (atomic_load(&part->loc[i]) & EMA_LOC_MOVING) {
-                if (ema__xport_progress(win->ctx->xp) +
-                        ema__xport_run_deferred(win->ctx->xp, 1) == 0) {
-                    ema__xport_idle(win->ctx->xp);
-                }
+                ema__xport_wait_step(win->ctx->xp);
             }
             atomic_fetch_add(&win->held[i], 1);
         }

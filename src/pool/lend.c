@@ -76,17 +76,7 @@ static double ema_pool_now_us(void)
 static ema_status_t ema_pool_send(ema__pool_t *pool, int peer, const ema_pool_msg_t *m,
                                   const void *payload, size_t plen)
 {
-    char *buf = malloc(sizeof(*m) + plen);
-    if (buf == NULL) {
-        return EMA_ERR_NO_MEMORY;
-    }
-    memcpy(buf, m, sizeof(*m));
-    if (plen) {
-        memcpy(buf + sizeof(*m), payload, plen);
-    }
-    ema_status_t status = ema__xport_am_send(pool->xp, peer, EMA_AM_POOL, buf, sizeof(*m) + plen);
-    free(buf);
-    return status;
+    return ema__xport_am_send(pool->xp, peer, EMA_AM_POOL, m, sizeof(*m), payload, plen);
 }
 
 /* Lendable now: free segments beyond the reserve and the withheld ones.
@@ -108,7 +98,9 @@ static void ema_pool_acq_add(ema__pool_t *pool, const ema__loc_t *locs, uint32_t
         ema__loc_t *a = realloc(pool->acq, cap * sizeof(*a));
         if (a == NULL) {
             pthread_mutex_unlock(&pool->acq_lock);
-            return; /* a recall may then wait for its timeout: logged below */
+            ema_error("out of memory tracking granted segments: a recall of them may "
+                      "wait for its timeout");
+            return;
         }
         pool->acq     = a;
         pool->acq_cap = cap;
@@ -613,9 +605,7 @@ ema_status_t ema__pool_migrate_batch(ema__pool_t *pool, ema_win_h win, uint32_t 
         for (i = 0; i < n; i++) {
             while (atomic_load(&win->held[idx[i]]) > 0) {
                 pthread_mutex_unlock(&win->lock);
-                if (ema__xport_progress(pool->xp) + ema__xport_run_deferred(pool->xp, 1) == 0) {
-                    ema__xport_idle(pool->xp);
-                }
+                ema__xport_wait_step(pool->xp);
                 pthread_mutex_lock(&win->lock);
             }
         }
@@ -738,6 +728,17 @@ static void ema_pool_recall_job(void *arg)
         ema_error("out of memory handling a recall from rank %d", job->src);
         goto out;
     }
+    /* Segments granted to us but not yet in a window table come back later.
+     * Look them up BEFORE scanning the windows: a grow stores a segment in
+     * its table, then drops it from the granted set, so a segment absent
+     * from the set now is either mapped (and the scan finds it) or given
+     * back.  Checked after the scan, a grow that mapped it in between would
+     * be missed, and the lender would wait out its whole timeout. */
+    for (uint32_t k = 0; k < n; k++) {
+        if (ema_pool_acq_has(pool, EMA_LOC(job->src, EMA_TIER_DEVICE, job->segs[k]))) {
+            found[k] = 2;
+        }
+    }
     pthread_mutex_lock(&ctx->lock);
     ema_win_h win = ctx->wins;
     pthread_mutex_unlock(&ctx->lock);
@@ -768,14 +769,11 @@ static void ema_pool_recall_job(void *arg)
         pthread_mutex_unlock(&win->lock);
     }
     for (uint32_t k = 0; k < n; k++) {
-        if (found[k]) {
-            continue;
-        }
-        if (ema_pool_acq_has(pool, EMA_LOC(job->src, EMA_TIER_DEVICE, job->segs[k]))) {
-            /* granted to a grow or a migration of ours that has not mapped
+        if (found[k] == 2) {
+            /* granted to a grow or a migration of ours that had not mapped
              * it yet: look again once it has */
             job->segs[retry++] = job->segs[k];
-        } else {
+        } else if (!found[k]) {
             /* not ours any more: given back already, or on its way */
             ema_debug("recalled segment %u of rank %d is not mapped here", job->segs[k],
                       job->src);

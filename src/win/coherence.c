@@ -58,18 +58,8 @@ typedef struct {
 static ema_status_t ema_win_send(ema__win_ctx_t *ctx, int peer, const ema_win_msg_t *msg,
                                  const ema__loc_t *locs, uint32_t nlocs)
 {
-    size_t len = sizeof(*msg) + (size_t)nlocs * sizeof(*locs);
-    char *buf  = malloc(len);
-    if (buf == NULL) {
-        return EMA_ERR_NO_MEMORY;
-    }
-    memcpy(buf, msg, sizeof(*msg));
-    if (nlocs) {
-        memcpy(buf + sizeof(*msg), locs, (size_t)nlocs * sizeof(*locs));
-    }
-    ema_status_t status = ema__xport_am_send(ctx->xp, peer, EMA_AM_WIN, buf, len);
-    free(buf);
-    return status;
+    return ema__xport_am_send(ctx->xp, peer, EMA_AM_WIN, msg, sizeof(*msg), locs,
+                              (size_t)nlocs * sizeof(*locs));
 }
 
 /* Snapshot of the own part's locations [first, first+count). */
@@ -191,11 +181,7 @@ void ema__win_coherence_init(ema__win_ctx_t *ctx)
 void ema__win_wait_flag(ema__win_ctx_t *ctx, atomic_int *counter, int target)
 {
     while (atomic_load(counter) < target) {
-        unsigned n = ema__xport_progress(ctx->xp);
-        n += (unsigned)ema__xport_run_deferred(ctx->xp, 1);
-        if (n == 0) {
-            ema__xport_idle(ctx->xp);
-        }
+        ema__xport_wait_step(ctx->xp);
     }
 }
 

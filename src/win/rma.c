@@ -89,9 +89,7 @@ static inline size_t ema_rma_run(ema_win_h win, const ema__win_part_t *part, siz
 static void ema_rma_wait_moving(ema__win_ctx_t *ctx)
 {
     atomic_fetch_sub(&ctx->inflight, 1);
-    if (ema__xport_progress(ctx->xp) + ema__xport_run_deferred(ctx->xp, 1) == 0) {
-        ema__xport_idle(ctx->xp);
-    }
+    ema__xport_wait_step(ctx->xp);
     atomic_fetch_add(&ctx->inflight, 1);
 }
 

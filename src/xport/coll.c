@@ -82,11 +82,11 @@ ema_status_t ema__xport_allgather(ema__xport_t *xp, const void *blob, size_t len
 {
     void **blobs  = calloc((size_t)xp->size, sizeof(void *));
     size_t *lens  = calloc((size_t)xp->size, sizeof(size_t));
-    char *msg     = malloc(sizeof(ema_coll_hdr_t) + len);
+    void *mine    = malloc(len ? len : 1); /* our own blob, in the result */
     ema_status_t status = EMA_SUCCESS;
     ema_coll_hdr_t hdr;
 
-    if (blobs == NULL || lens == NULL || msg == NULL) {
+    if (blobs == NULL || lens == NULL || mine == NULL) {
         status = EMA_ERR_NO_MEMORY;
         goto err;
     }
@@ -95,13 +95,12 @@ ema_status_t ema__xport_allgather(ema__xport_t *xp, const void *blob, size_t len
         goto err;
     }
     hdr.seq = ++xp->coll_seq;
-    memcpy(msg, &hdr, sizeof(hdr));
     if (len) {
-        memcpy(msg + sizeof(hdr), blob, len);
+        memcpy(mine, blob, len);
     }
     for (int i = 1; i < xp->size; i++) {
         int peer = (xp->rank + i) % xp->size;
-        status   = ema__xport_am_send(xp, peer, EMA_AM_COLL, msg, sizeof(hdr) + len);
+        status   = ema__xport_am_send(xp, peer, EMA_AM_COLL, &hdr, sizeof(hdr), blob, len);
         if (status != EMA_SUCCESS) {
             goto err;
         }
@@ -123,19 +122,16 @@ ema_status_t ema__xport_allgather(ema__xport_t *xp, const void *blob, size_t len
         if (done || xp->size == 1) {
             break;
         }
-        if (ema__xport_progress(xp) == 0) {
-            ema__xport_idle(xp);
-        }
+        ema__xport_wait_step(xp);
     }
-    blobs[xp->rank] = msg; /* the payload follows the header */
-    memmove(msg, msg + sizeof(hdr), len);
-    lens[xp->rank] = len;
+    blobs[xp->rank] = mine;
+    lens[xp->rank]  = len;
     *blobs_p = blobs;
     *lens_p  = lens;
     return EMA_SUCCESS;
 
 err:
-    free(msg);
+    free(mine);
     free(blobs);
     free(lens);
     return status;

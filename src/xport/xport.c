@@ -118,18 +118,31 @@ ema_status_t ema__xport_wait(ema__xport_t *xp, ucs_status_ptr_t sp, const char *
     return EMA_SUCCESS;
 }
 
-ema_status_t ema__xport_am_send(ema__xport_t *xp, int peer, unsigned id, const void *data,
-                                size_t len)
+ema_status_t ema__xport_am_send(ema__xport_t *xp, int peer, unsigned id, const void *hdr,
+                                size_t hdr_len, const void *data, size_t len)
 {
     int32_t src = xp->rank;
     ucp_request_param_t param;
+    ucp_dt_iov_t iov[2] = {{(void *)hdr, hdr_len}, {(void *)data, len}};
 
-    param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_CALLBACK;
-    param.flags        = UCP_AM_SEND_FLAG_EAGER; /* header on our stack: we wait */
+    /* The two parts go as one gathered message: the receiver sees them
+     * contiguous (UCP_AM_FLAG_WHOLE_MSG), with no copy into a bounce buffer
+     * here.  The UCP header, our rank, lives on our stack: we wait. */
+    param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_CALLBACK |
+                         UCP_OP_ATTR_FIELD_DATATYPE;
+    param.flags        = UCP_AM_SEND_FLAG_EAGER;
     param.cb.send      = ema_xport_send_cb;
-    ucs_status_ptr_t sp = ucp_am_send_nbx(xp->eps[peer], id, &src, sizeof(src), data, len,
-                                          &param);
+    param.datatype     = ucp_dt_make_iov();
+    ucs_status_ptr_t sp = ucp_am_send_nbx(xp->eps[peer], id, &src, sizeof(src), iov,
+                                          (len > 0) ? 2 : 1, &param);
     return ema__xport_wait(xp, sp, "ucp_am_send_nbx");
+}
+
+void ema__xport_wait_step(ema__xport_t *xp)
+{
+    if (ema__xport_progress(xp) + (unsigned)ema__xport_run_deferred(xp, 1) == 0) {
+        ema__xport_idle(xp);
+    }
 }
 
 static void ema_xport_describe(ema__xport_t *xp)

@@ -110,12 +110,17 @@ void         ema__xport_destroy(ema__xport_t *xp);
 
 void ema__xport_set_am_handler(ema__xport_t *xp, unsigned id, ema__am_handler_cb cb,
                                void *arg);
-/* Send an active message and wait for its local completion.  Must not be
- * called from an AM handler. */
-ema_status_t ema__xport_am_send(ema__xport_t *xp, int peer, unsigned id, const void *data,
-                                size_t len);
+/* Send an active message made of a header and a payload (either may be
+ * empty) and wait for its local completion.  Must not be called from an AM
+ * handler. */
+ema_status_t ema__xport_am_send(ema__xport_t *xp, int peer, unsigned id, const void *hdr,
+                                size_t hdr_len, const void *data, size_t len);
 
-/* @cuda: the range is CUDA device memory. */
+/* One step of a wait that must not stall peers: progress the worker and run
+ * quick deferred work (answering invalidations, borrows, table requests);
+ * yield now and then when there was nothing to do. */
+void ema__xport_wait_step(ema__xport_t *xp);
+
 ema_status_t ema__xport_mr_register(ema__xport_t *xp, void *addr, size_t len, int cuda,
                                     ema__xport_mr_t *mr);
 ema_status_t ema__xport_mr_add_peer(ema__xport_t *xp, ema__xport_mr_t *mr, int peer,

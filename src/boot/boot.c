@@ -135,20 +135,18 @@ void ema__boot_finalize(ema__boot_t *boot)
     }
 }
 
-static ema_status_t ema_boot_fence(ema__boot_t *boot, int collect)
+/* A fence that collects the data every rank put, bounded by EMA_BOOT_TIMEOUT. */
+static ema_status_t ema_boot_fence(ema__boot_t *boot)
 {
     pmix_info_t info[2];
     int timeout = (int)(boot->cfg.timeout + 0.999);
     pmix_status_t rc;
-    size_t ninfo = 0;
+    size_t ninfo = 1;
+    bool yes = true;
 
     PMIX_INFO_CONSTRUCT(&info[0]);
     PMIX_INFO_CONSTRUCT(&info[1]);
-    if (collect) {
-        bool yes = true;
-        PMIX_INFO_LOAD(&info[ninfo], PMIX_COLLECT_DATA, &yes, PMIX_BOOL);
-        ninfo++;
-    }
+    PMIX_INFO_LOAD(&info[0], PMIX_COLLECT_DATA, &yes, PMIX_BOOL);
     if (timeout > 0) {
         PMIX_INFO_LOAD(&info[ninfo], PMIX_TIMEOUT, &timeout, PMIX_INT);
         ninfo++;
@@ -162,11 +160,6 @@ static ema_status_t ema_boot_fence(ema__boot_t *boot, int collect)
         return (rc == PMIX_ERR_TIMEOUT) ? EMA_ERR_TIMEOUT : EMA_ERR_BOOTSTRAP;
     }
     return EMA_SUCCESS;
-}
-
-ema_status_t ema__boot_fence(ema__boot_t *boot)
-{
-    return boot->singleton ? EMA_SUCCESS : ema_boot_fence(boot, 0);
 }
 
 ema_status_t ema__boot_exchange(ema__boot_t *boot, const char *key, const void *blob,
@@ -211,7 +204,7 @@ ema_status_t ema__boot_exchange(ema__boot_t *boot, const char *key, const void *
         status = EMA_ERR_BOOTSTRAP;
         goto err_free;
     }
-    status = ema_boot_fence(boot, 1);
+    status = ema_boot_fence(boot);
     if (status != EMA_SUCCESS) {
         goto err_free;
     }

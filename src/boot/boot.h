@@ -40,6 +40,5 @@ ema_status_t ema__boot_exchange(ema__boot_t *boot, const char *key, const void *
                                 size_t len, void ***blobs_p, size_t **lens_p);
 void         ema__boot_free_blobs(ema__boot_t *boot, void **blobs, size_t *lens);
 
-ema_status_t ema__boot_fence(ema__boot_t *boot);
 
 #endif

@@ -10,11 +10,6 @@ static int ema_log_rank = -1;
 
 static const char *ema_log_names[] = {"error", "warn", "info", "debug", "trace"};
 
-const char *ema__log_level_name(ema_log_level_t level)
-{
-    return (level <= EMA_LOG_TRACE) ? ema_log_names[level] : "?";
-}
-
 void ema__log_set_rank(int rank)
 {
     ema_log_rank = rank;

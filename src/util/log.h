@@ -18,7 +18,6 @@ extern ema_log_level_t ema__log_level;
 void ema__log(ema_log_level_t level, const char *file, int line, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 void ema__log_set_rank(int rank);
-const char *ema__log_level_name(ema_log_level_t level);
 
 #define ema_log_(lvl, ...) \
     do { if ((lvl) <= ema__log_level) ema__log((lvl), __FILE__, __LINE__, __VA_ARGS__); } while (0)

@@ -30,28 +30,39 @@ const ema_config_field_t ema__runtime_config_table[] = {
      EMA_RT_CFG(log_level), &ema_level_parser},
     EMA_CONFIG_TABLE_END};
 
-/* Every module's table, for ema_config_print() and the typo check. */
-static const ema_config_field_t *const ema_config_tables[] = {
-    ema__runtime_config_table, ema__boot_config_table, ema__xport_config_table,
-    ema__progress_config_table, ema__topo_config_table, ema__pool_config_table, NULL};
+/* Every module's table and where its values go in the world: init reads
+ * them, ema_config_print() prints them, the typo check knows their names. */
+static const struct {
+    const ema_config_field_t *table;
+    size_t                    offset;
+} ema_config_modules[] = {
+    {ema__runtime_config_table, offsetof(ema__world_t, cfg)},
+    {ema__boot_config_table, offsetof(ema__world_t, boot.cfg)},
+    {ema__xport_config_table, offsetof(ema__world_t, xp.cfg)},
+    {ema__progress_config_table, offsetof(ema__world_t, progress.cfg)},
+    {ema__topo_config_table, offsetof(ema__world_t, topo_cfg)},
+    {ema__pool_config_table, offsetof(ema__world_t, pool.cfg)},
+};
+#define EMA_NMODULES (sizeof(ema_config_modules) / sizeof(ema_config_modules[0]))
 
 static ema__world_t ema_world;
 
 static ema_status_t ema_read_config(ema__world_t *w, const ema_init_params_t *params)
 {
+    const ema_config_field_t *tables[EMA_NMODULES + 1];
     ema_status_t status;
 
-    if ((status = ema__config_read(ema__runtime_config_table, &w->cfg)) != EMA_SUCCESS ||
-        (status = ema__config_read(ema__boot_config_table, &w->boot.cfg)) != EMA_SUCCESS ||
-        (status = ema__config_read(ema__xport_config_table, &w->xp.cfg)) != EMA_SUCCESS ||
-        (status = ema__config_read(ema__progress_config_table, &w->progress.cfg)) !=
-            EMA_SUCCESS ||
-        (status = ema__config_read(ema__pool_config_table, &w->pool.cfg)) != EMA_SUCCESS ||
-        (status = ema__config_read(ema__topo_config_table, &w->topo_cfg)) != EMA_SUCCESS) {
-        return status;
+    for (size_t m = 0; m < EMA_NMODULES; m++) {
+        status = ema__config_read(ema_config_modules[m].table,
+                                  (char *)w + ema_config_modules[m].offset);
+        if (status != EMA_SUCCESS) {
+            return status;
+        }
+        tables[m] = ema_config_modules[m].table;
     }
+    tables[EMA_NMODULES] = NULL;
     ema__log_level = (ema_log_level_t)w->cfg.log_level;
-    ema__config_warn_unknown(ema_config_tables);
+    ema__config_warn_unknown(tables);
 
     if (params != NULL) {
         if (params->field_mask & EMA_INIT_PARAM_FIELD_MEMORY_KIND) {
@@ -424,30 +435,21 @@ EMA_EXPORT ema_status_t ema_progress(void)
 
 EMA_EXPORT ema_status_t ema_config_print(FILE *stream)
 {
-    ema__runtime_config_t rt;
-    ema__boot_config_t boot;
-    ema__xport_config_t xp;
-    ema__progress_config_t pg;
-    ema__topo_config_t tp;
-    ema__pool_config_t pool;
-
     if (stream == NULL) {
         return EMA_ERR_INVALID_PARAM;
     }
+    ema__world_t *tmp = calloc(1, sizeof(*tmp)); /* the world's config fields, not ours */
+    if (tmp == NULL) {
+        return EMA_ERR_NO_MEMORY;
+    }
     /* Values as the environment sets them now; a bad value shows its default
      * and is reported. */
-    ema__config_read(ema__runtime_config_table, &rt);
-    ema__config_read(ema__boot_config_table, &boot);
-    ema__config_read(ema__xport_config_table, &xp);
-    ema__config_read(ema__progress_config_table, &pg);
-    ema__config_read(ema__topo_config_table, &tp);
-    ema__config_read(ema__pool_config_table, &pool);
-    ema__config_print(ema__runtime_config_table, &rt, stream);
-    ema__config_print(ema__boot_config_table, &boot, stream);
-    ema__config_print(ema__xport_config_table, &xp, stream);
-    ema__config_print(ema__progress_config_table, &pg, stream);
-    ema__config_print(ema__topo_config_table, &tp, stream);
-    ema__config_print(ema__pool_config_table, &pool, stream);
+    for (size_t m = 0; m < EMA_NMODULES; m++) {
+        void *opts = (char *)tmp + ema_config_modules[m].offset;
+        ema__config_read(ema_config_modules[m].table, opts);
+        ema__config_print(ema_config_modules[m].table, opts, stream);
+    }
+    free(tmp);
     return EMA_SUCCESS;
 }
 

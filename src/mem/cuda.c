@@ -628,14 +628,42 @@ static ema_status_t ema_cuda_copy(ema__mem_arena_t *arena, void *dst, const void
     if (status != EMA_SUCCESS) {
         return status;
     }
-    /* Synchronous for now: unified addressing lets one cuMemcpy reach local,
-     * borrowed and host memory alike.  Migration will want copies left in
-     * flight on the stream and a sync per batch instead. */
+    /* Synchronous: unified addressing lets one cuMemcpy reach local,
+     * borrowed and host memory alike.  Migrations queue theirs with
+     * copy_start and wait once (ema__win_seg_move_batch). */
     EMA_CU_CALL(res, cuMemcpyAsync, (CUdeviceptr)(uintptr_t)dst,
                 (CUdeviceptr)(uintptr_t)src, len, ca->stream);
     if (res == CUDA_SUCCESS) {
         EMA_CU_CALL(res, cuStreamSynchronize, ca->stream);
     }
+    return ema_cu_status(res);
+}
+
+static ema_status_t ema_cuda_copy_start(ema__mem_arena_t *arena, void *dst, const void *src,
+                                        size_t len)
+{
+    ema_cuda_arena_t *ca = arena->priv;
+    ema_status_t status = ema_cuda_ctx_set(ca);
+    CUresult res;
+
+    if (status != EMA_SUCCESS) {
+        return status;
+    }
+    EMA_CU_CALL(res, cuMemcpyAsync, (CUdeviceptr)(uintptr_t)dst,
+                (CUdeviceptr)(uintptr_t)src, len, ca->stream);
+    return ema_cu_status(res);
+}
+
+static ema_status_t ema_cuda_copy_wait(ema__mem_arena_t *arena)
+{
+    ema_cuda_arena_t *ca = arena->priv;
+    ema_status_t status = ema_cuda_ctx_set(ca);
+    CUresult res;
+
+    if (status != EMA_SUCCESS) {
+        return status;
+    }
+    EMA_CU_CALL(res, cuStreamSynchronize, ca->stream);
     return ema_cu_status(res);
 }
 
@@ -655,4 +683,6 @@ const ema__mem_ops_t ema__mem_cuda_ops = {
     .map                  = ema_cuda_map,
     .unmap                = ema_cuda_unmap,
     .copy                 = ema_cuda_copy,
+    .copy_start           = ema_cuda_copy_start,
+    .copy_wait            = ema_cuda_copy_wait,
 };

@@ -64,8 +64,12 @@ typedef struct ema__mem_ops {
      * memory is reached through UCX). */
     ema_status_t (*attach)(const ema__mem_export_t *exp, void **addr_p);
     void         (*detach)(void *addr, size_t len);
-    /* Copy between any two addresses of this kind. */
+    /* Copy between any two addresses of this kind (or host memory). */
     ema_status_t (*copy)(ema__mem_arena_t *arena, void *dst, const void *src, size_t len);
+    /* Optional: queue a copy (device to device, on the copy engines) and
+     * return; copy_wait waits for every copy queued. */
+    ema_status_t (*copy_start)(ema__mem_arena_t *arena, void *dst, const void *src, size_t len);
+    ema_status_t (*copy_wait)(ema__mem_arena_t *arena);
 } ema__mem_ops_t;
 
 struct ema__mem_arena {

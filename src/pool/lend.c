@@ -671,13 +671,7 @@ ema_status_t ema__pool_migrate_batch(ema__pool_t *pool, ema_win_h win, uint32_t 
         status = rm.status;
         win->stats.migrations += ok;
     } else {
-        for (i = 0; i < n; i++) {
-            status = ema__win_seg_move(win, idx[i], loc[i], hdl[i]);
-            if (status != EMA_SUCCESS) {
-                break;
-            }
-            ok++;
-        }
+        status = ema__win_seg_move_batch(win, idx, loc, hdl, n, &ok);
     }
     double tm1 = ema_pool_now_us();
     /* 5. the new locations (the old ones where a copy failed: that data is

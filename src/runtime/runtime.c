@@ -325,6 +325,15 @@ EMA_EXPORT ema_status_t ema_init(const ema_init_params_t *params)
     }
     ema__pool_start(&w->pool);
     ema__win_world = &w->win;
+    if (ops->kind == EMA_MEMORY_KIND_CUDA && w->boot.size > 1 &&
+        strstr(w->xp.transports, "cuda_ipc") == NULL) {
+        /* Put and get between GPUs would then be staged through host
+         * memory, or fail: say so once, loudly, on every rank. */
+        ema_warn("UCX offers no cuda_ipc transport to the peers (transports: %s): put and "
+                 "get on GPU memory will be staged through host memory at a fraction of "
+                 "the link's speed.  Use a UCX built --with-cuda (see ema(7)), and check "
+                 "UCX_TLS", w->xp.transports[0] ? w->xp.transports : "none");
+    }
     ema_debug("world of %d ready: %s memory, %zu bytes in segments of %zu, ucx %s",
               w->boot.size, ops->name, w->arena->capacity, w->arena->seg_size,
               w->xp.transports);

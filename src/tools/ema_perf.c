@@ -66,6 +66,8 @@
 #include <ema.h>
 #include <ucp/api/ucp.h>
 
+#include "perf_gpu.h"
+
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
@@ -107,6 +109,7 @@ typedef struct {
     double time_cap;    /* seconds of timed work per row, both implementations */
     size_t reclaim_sizes[16];
     int    nreclaim;
+    size_t kernel_size; /* 0: 1G on the cuda kind, 256M on host */
 } perf_opts_t;
 
 /* the exchange blob each rank puts into its peer's control part */
@@ -121,6 +124,10 @@ typedef struct {
 typedef struct perf {
     perf_opts_t o;
     int         rank;
+    /* EMA runs on the cuda memory kind: windows, the origin's buffer and
+     * the raw target buffer are device memory, written and checked by
+     * kernels, and the CPU never dereferences them */
+    int         gpu;
 
     /* EMA */
     ema_win_h   ctl_win, data_win;
@@ -317,12 +324,75 @@ static uint64_t perf_salt(int op_index, size_t size, int impl)
            (uint64_t)(impl + 1) * 0x51ed27ull;
 }
 
+/* Buffers and windows of either kind: the host pattern functions above, or
+ * their kernels in perf_gpu.cu. */
+static void perf_mem_fill(perf_t *p, void *buf, size_t len, uint64_t salt)
+{
+    if (!p->gpu) {
+        perf_fill(buf, len, salt);
+    } else if (perf_gpu_fill(buf, len, salt, 0) != 0) {
+        perf_die("%s", perf_gpu_error());
+    }
+}
+
+static void perf_mem_zero(perf_t *p, void *buf, size_t len)
+{
+    if (!p->gpu) {
+        memset(buf, 0, len);
+    } else if (perf_gpu_fill(buf, len, 0, 1) != 0) {
+        perf_die("%s", perf_gpu_error());
+    }
+}
+
+/* The first wrong byte, or (size_t)-1; @add is added to every word of the
+ * pattern (after the kernel row's passes). */
+static size_t perf_mem_check(perf_t *p, const void *buf, size_t len, uint64_t salt,
+                             uint64_t add)
+{
+    size_t bad = (size_t)-1;
+    if (!p->gpu && add == 0) {
+        return perf_check(buf, len, salt);
+    }
+    if (!p->gpu) {
+        const uint64_t *w = buf;
+        for (size_t k = 0; k < len / 8; k++) {
+            if (w[k] != perf_word(salt, k) + add) {
+                return k * 8;
+            }
+        }
+        return bad;
+    }
+    if (perf_gpu_check(buf, len, salt, add, &bad) != 0) {
+        perf_die("%s", perf_gpu_error());
+    }
+    return bad;
+}
+
+/* Copy between host and this kind's memory, either way. */
+static void perf_mem_copy(perf_t *p, void *dst, const void *src, size_t len)
+{
+    if (!p->gpu) {
+        memcpy(dst, src, len);
+    } else if (perf_gpu_copy(dst, src, len) != 0) {
+        perf_die("%s", perf_gpu_error());
+    }
+}
+
 /* ------------------------------------------------------------------------- */
 /* control window                                                             */
 /* ------------------------------------------------------------------------- */
 
 static inline uint64_t perf_ctl_load(perf_t *p, size_t off)
 {
+    if (p->gpu) {
+        /* device memory: read with ema_get, and not too often, since every
+         * read is a copy on the GPU that the timed operations share */
+        uint64_t v = 0;
+        struct timespec ts = {0, 20000};
+        nanosleep(&ts, NULL);
+        EMA_CHECK(ema_get(p->ctl_win, p->rank, off, &v, sizeof(v)));
+        return v;
+    }
     return __atomic_load_n((uint64_t *)(p->ctl_base + off), __ATOMIC_ACQUIRE);
 }
 
@@ -360,7 +430,7 @@ static void perf_serve(perf_t *p)
             if (state == CMD_RAW) {
                 /* the dedicated spinning target of the raw reference */
                 while (perf_ctl_load(p, CTL_CMD) == p->last_cmd) {
-                    ucp_worker_progress(p->worker);
+                    ucp_worker_progress(p->worker); /* cuda_ipc needs none */
                 }
             } else {
                 /* EMA's progress thread serves EMA's RMA.  The occasional
@@ -432,7 +502,24 @@ static void perf_raw_setup(perf_t *p)
     UCX_CHECK(ucp_worker_get_address(p->worker, &p->addr, &p->addr_len));
 
     p->memfd = -1;
-    if (p->rank == PERF_TARGET) {
+    if (p->rank == PERF_TARGET && p->gpu) {
+        /* device memory, as EMA's cuda arena: UCX reaches it with cuda_ipc */
+        p->raw_len  = p->o.max;
+        p->raw_base = perf_gpu_alloc(p->raw_len);
+        if (p->raw_base == NULL) {
+            perf_die("raw target buffer: %s", perf_gpu_error());
+        }
+        perf_mem_zero(p, p->raw_base, p->raw_len);
+        ucp_mem_map_params_t mp;
+        memset(&mp, 0, sizeof(mp));
+        mp.field_mask  = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
+                         UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE;
+        mp.address     = p->raw_base;
+        mp.length      = p->raw_len;
+        mp.memory_type = UCS_MEMORY_TYPE_CUDA;
+        UCX_CHECK(ucp_mem_map(p->ucx, &mp, &p->memh));
+        UCX_CHECK(ucp_rkey_pack(p->ucx, p->memh, &p->rkey_buf, &p->rkey_len));
+    } else if (p->rank == PERF_TARGET) {
         /* the same kind of memory as EMA's host arena */
         long pg    = sysconf(_SC_PAGESIZE);
         p->raw_len = (p->o.max + (size_t)pg - 1) / (size_t)pg * (size_t)pg;
@@ -484,7 +571,12 @@ static void perf_raw_connect(perf_t *p)
     free(blob);
     EMA_CHECK(ema_barrier());
 
-    const perf_xchg_t *rx = (const perf_xchg_t *)(p->ctl_base + CTL_XCHG);
+    /* read back with ema_get: on the cuda kind the part is device memory */
+    const perf_xchg_t *rx = malloc(CTL_SIZE - CTL_XCHG);
+    if (rx == NULL) {
+        perf_die("out of memory");
+    }
+    EMA_CHECK(ema_get(p->ctl_win, p->rank, CTL_XCHG, (void *)rx, CTL_SIZE - CTL_XCHG));
     if (rx->magic != XCHG_MAGIC ||
         sizeof(*rx) + rx->addr_len + rx->rkey_len > CTL_SIZE - CTL_XCHG) {
         perf_die("bad raw address blob from rank %d", peer);
@@ -502,6 +594,7 @@ static void perf_raw_connect(perf_t *p)
                                      &p->rkey));
         p->raddr = rx->base;
     }
+    free((void *)rx);
     EMA_CHECK(ema_barrier());
 }
 
@@ -524,8 +617,12 @@ static void perf_raw_teardown(perf_t *p)
     if (p->memh != NULL) {
         ucp_rkey_buffer_release(p->rkey_buf);
         ucp_mem_unmap(p->ucx, p->memh);
-        munmap(p->raw_base, p->raw_len);
-        close(p->memfd);
+        if (p->gpu) {
+            perf_gpu_free(p->raw_base);
+        } else {
+            munmap(p->raw_base, p->raw_len);
+            close(p->memfd);
+        }
     }
     ucp_worker_release_address(p->worker, p->addr);
     ucp_worker_destroy(p->worker);
@@ -693,9 +790,10 @@ static int perf_drive(perf_t *p, int op_index, size_t size, const perf_rma_t *rm
 /* ops                                                                        */
 /* ------------------------------------------------------------------------- */
 
-static int perf_verify(const char *what, const void *buf, size_t size, uint64_t salt)
+static int perf_verify(perf_t *p, const char *what, const void *buf, size_t size,
+                       uint64_t salt)
 {
-    size_t bad = perf_check(buf, size, salt);
+    size_t bad = perf_mem_check(p, buf, size, salt, 0);
     if (bad != (size_t)-1) {
         fprintf(stderr, "ema_perf: DATA MISMATCH: %s, size %zu: first wrong byte at offset %zu\n",
                 what, size, bad);
@@ -711,18 +809,18 @@ static int perf_measure_put(perf_t *p, int op_index, size_t size, perf_row_t *ro
     int ok = 1;
 
     if (p->rank == PERF_ORIGIN) {
-        perf_fill(p->buf, size, salt);
+        perf_mem_fill(p, p->buf, size, salt);
     } else {
-        memset(p->data_base, 0, size);
-        memset(p->raw_base, 0, size);
+        perf_mem_zero(p, p->data_base, size);
+        perf_mem_zero(p, p->raw_base, size);
     }
     EMA_CHECK(ema_barrier());
     if (p->rank == PERF_ORIGIN) {
         ok = perf_drive(p, op_index, size, &rma, row) == 0;
     } else {
         perf_serve(p);
-        ok = perf_verify("put, EMA window at the target", p->data_base, size, salt) == 0 &&
-             perf_verify("put, raw UCX buffer at the target", p->raw_base, size, salt) == 0;
+        ok = perf_verify(p, "put, EMA window at the target", p->data_base, size, salt) == 0 &&
+             perf_verify(p, "put, raw UCX buffer at the target", p->raw_base, size, salt) == 0;
     }
     return perf_agree(p, ok) ? 0 : -1;
 }
@@ -731,9 +829,9 @@ static int perf_measure_put(perf_t *p, int op_index, size_t size, perf_row_t *ro
  * next block must bring every byte again */
 static int perf_get_after_block(perf_t *p, int op_index, size_t size, int impl)
 {
-    int rc = perf_verify(impl == IMPL_EMA ? "get from the EMA window" : "get from the raw UCX buffer",
+    int rc = perf_verify(p, impl == IMPL_EMA ? "get from the EMA window" : "get from the raw UCX buffer",
                          p->buf, size, perf_salt(op_index, size, impl));
-    memset(p->buf, 0, size);
+    perf_mem_zero(p, p->buf, size);
     return rc;
 }
 
@@ -743,10 +841,10 @@ static int perf_measure_get(perf_t *p, int op_index, size_t size, perf_row_t *ro
     int ok = 1;
 
     if (p->rank == PERF_ORIGIN) {
-        memset(p->buf, 0, size);
+        perf_mem_zero(p, p->buf, size);
     } else {
-        perf_fill(p->data_base, size, perf_salt(op_index, size, IMPL_EMA));
-        perf_fill(p->raw_base, size, perf_salt(op_index, size, IMPL_RAW));
+        perf_mem_fill(p, p->data_base, size, perf_salt(op_index, size, IMPL_EMA));
+        perf_mem_fill(p, p->raw_base, size, perf_salt(op_index, size, IMPL_RAW));
     }
     EMA_CHECK(ema_barrier());
     if (p->rank == PERF_ORIGIN) {
@@ -855,7 +953,7 @@ static void perf_settle(perf_t *p)
     double t0 = perf_now();
     size_t len = perf_free();
     EMA_CHECK(ema_win_allocate(len, NULL, (void **)&b, &w));
-    memset(b, 0, len);
+    perf_mem_zero(p, b, len);
     EMA_CHECK(ema_barrier());
     EMA_CHECK(ema_win_free(w));
     if (p->rank == PERF_ORIGIN && p->o.verbose) {
@@ -940,12 +1038,13 @@ static int perf_measure_borrow(perf_t *p, int op_index, size_t size, perf_row_t 
                 ok = 0;
                 break;
             }
-            volatile uint64_t *first = (volatile uint64_t *)(base + full);
-            volatile uint64_t *last  = (volatile uint64_t *)(base + full + seg - 8);
             uint64_t salt = perf_salt(op_index, size, (int)(i & 0xffff));
-            *first = perf_word(salt, 0);
-            *last  = perf_word(salt, 1);
-            if (*first != perf_word(salt, 0) || *last != perf_word(salt, 1)) {
+            uint64_t w[2] = {perf_word(salt, 0), perf_word(salt, 1)}, r[2] = {0, 0};
+            perf_mem_copy(p, base + full, &w[0], 8);
+            perf_mem_copy(p, base + full + seg - 8, &w[1], 8);
+            perf_mem_copy(p, &r[0], base + full, 8);
+            perf_mem_copy(p, &r[1], base + full + seg - 8, 8);
+            if (r[0] != w[0] || r[1] != w[1]) {
                 fprintf(stderr, "ema_perf: DATA MISMATCH: borrow, the new segment does not "
                         "keep what was written\n");
                 ok = 0;
@@ -1038,7 +1137,7 @@ static int perf_measure_reclaim(perf_t *p, int op_index, size_t size, perf_row_t
             if (r == 0) {
                 EMA_CHECK(ema_win_grow(wc, n));
             }
-            memset(tail, 0, n); /* resident and mapped */
+            perf_mem_zero(p, tail, n); /* resident and mapped */
             EMA_CHECK(ema_win_stat(wc, &ws));
             if (ws.bytes_borrowed != n || perf_free() != 0) {
                 fprintf(stderr, "ema_perf: reclaim: setup: C has %zu of %zu bytes borrowed, "
@@ -1047,12 +1146,19 @@ static int perf_measure_reclaim(perf_t *p, int op_index, size_t size, perf_row_t
                 ok = 0;
             }
             uint64_t salt = perf_salt(op_index, n, r);
-            perf_fill(c, n, salt);
+            perf_mem_fill(p, c, n, salt);
 
-            double t0 = perf_now();
-            memcpy(tail, c, n);
-            double t1 = perf_now();
-            p->samples[IMPL_RAW][r] = (t1 - t0) * 1e6;
+            if (p->gpu) {
+                /* cudaMemcpy device to device, timed with CUDA events */
+                if (perf_gpu_memcpy_us(tail, c, n, &p->samples[IMPL_RAW][r]) != 0) {
+                    perf_die("%s", perf_gpu_error());
+                }
+            } else {
+                double t0 = perf_now();
+                memcpy(tail, c, n);
+                double t1 = perf_now();
+                p->samples[IMPL_RAW][r] = (t1 - t0) * 1e6;
+            }
 
             EMA_CHECK(ema_win_shrink(wb, bsize - n));
             if (perf_free() != n) {
@@ -1080,7 +1186,7 @@ static int perf_measure_reclaim(perf_t *p, int op_index, size_t size, perf_row_t
                         ws.bytes_borrowed, ws.bytes_spilled);
                 ok = 0;
             }
-            if (ok && perf_verify("reclaim, window C after the migration", c, n, salt) != 0) {
+            if (ok && perf_verify(p, "reclaim, window C after the migration", c, n, salt) != 0) {
                 ok = 0;
             }
             if (ok && r + 1 < reps) {
@@ -1143,6 +1249,118 @@ static int perf_measure_reclaim(perf_t *p, int op_index, size_t size, perf_row_t
     return perf_agree(p, ok) ? 0 : -1;
 }
 
+/*
+ * kernel: compute over a window half of whose memory is borrowed, against
+ * the same compute over an all-local window (the reference).  Rank 0 makes
+ * window L (size bytes, local), window H (size/2 local), a ballast window
+ * of the rest of its free memory, then grows H to size: the second half is
+ * borrowed from rank 1.  One pass reads and writes every 8-byte word (+1):
+ * a CUDA kernel timed with CUDA events on the cuda kind, a CPU loop timed
+ * with the wall clock on host.  Passes over L and H alternate; afterwards
+ * both windows are checked against the pattern plus the passes made.
+ * ema_us = median pass over H, ucx columns = median pass over L, ratio =
+ * L / H (1.0: borrowed pages as fast as local ones).
+ */
+static double perf_pass(perf_t *p, char *w, size_t len, int passes)
+{
+    double us = 0;
+    if (p->gpu) {
+        if (perf_gpu_passes_us(w, len, passes, &us) != 0) {
+            perf_die("%s", perf_gpu_error());
+        }
+        return us / passes;
+    }
+    double t0 = perf_now();
+    for (int i = 0; i < passes; i++) {
+        uint64_t *x = (uint64_t *)w;
+        for (size_t k = 0; k < len / 8; k++) {
+            x[k] += 1;
+        }
+        __asm__ __volatile__("" ::: "memory");
+    }
+    return (perf_now() - t0) * 1e6 / passes;
+}
+
+static int perf_sizes_kernel(perf_t *p, size_t *sizes, int max)
+{
+    (void)max;
+    size_t s = p->o.kernel_size ? p->o.kernel_size : (p->gpu ? (1ul << 30) : (256ul << 20));
+    s = perf_round_seg(p, s);
+    sizes[0] = (s / p->seg) % 2 ? s + p->seg : s; /* an even number of segments */
+    return 1;
+}
+
+static int perf_measure_kernel(perf_t *p, int op_index, size_t size, perf_row_t *row)
+{
+    const size_t half = size / 2;
+    const int reps = 7, passes = p->gpu ? 10 : 2;
+    ema_win_h wl, wh, wx;
+    char *l, *h, *x;
+    int ok = 1;
+    char s[32];
+
+    perf_settle(p);
+    uint64_t mine = p->rank == PERF_ORIGIN ? perf_free() : perf_lendable();
+    uint64_t peer = perf_exchange(p, mine);
+    size_t f0 = p->rank == PERF_ORIGIN ? mine : peer;
+    size_t f1 = p->rank == PERF_ORIGIN ? peer : mine;
+    if (f0 < size + half || f1 < half) {
+        if (p->rank == PERF_ORIGIN) {
+            perf_note(p, "kernel %s skipped: rank 0 needs %zu bytes free (has %zu), rank 1 "
+                      "%zu lendable (has %zu); raise EMA_DEVICE_MEMORY or lower --kernel-size",
+                      perf_size_str(size, s, sizeof(s)), size + half, f0, half, f1);
+        }
+        row->skipped = 1;
+        return perf_agree(p, 1) ? 0 : -1;
+    }
+    int o = p->rank == PERF_ORIGIN;
+    ema_win_params_t wp = {.field_mask = EMA_WIN_PARAM_FIELD_MAX_SIZE, .max_size = size};
+    EMA_CHECK(ema_win_allocate(o ? size : 0, NULL, (void **)&l, &wl));
+    EMA_CHECK(ema_win_allocate(o ? half : 0, &wp, (void **)&h, &wh));
+    EMA_CHECK(ema_win_allocate(o ? perf_free() : 0, NULL, (void **)&x, &wx));
+    if (o) {
+        ema_win_stat_t ws;
+        EMA_CHECK(ema_win_grow(wh, size));
+        EMA_CHECK(ema_win_stat(wh, &ws));
+        if (ws.bytes_borrowed != half) {
+            fprintf(stderr, "ema_perf: kernel: window H has %zu of %zu bytes borrowed, not "
+                    "half\n", ws.bytes_borrowed, size);
+            ok = 0;
+        }
+        uint64_t salt = perf_salt(op_index, size, 0);
+        perf_mem_fill(p, l, size, salt);
+        perf_mem_fill(p, h, size, salt);
+        perf_pass(p, l, size, 1); /* warm-up: each window once */
+        perf_pass(p, h, size, 1);
+        perf_reserve_samples(p, (size_t)reps);
+        for (int r = 0; r < reps && ok; r++) { /* ABBA */
+            int hf = r % 2;
+            p->samples[IMPL_EMA][r] = perf_pass(p, hf ? h : l, size, passes);
+            p->samples[IMPL_RAW][r] = perf_pass(p, hf ? l : h, size, passes);
+            if (!hf) {
+                double t = p->samples[IMPL_EMA][r];
+                p->samples[IMPL_EMA][r] = p->samples[IMPL_RAW][r];
+                p->samples[IMPL_RAW][r] = t;
+            }
+        }
+        uint64_t total = 1 + (uint64_t)reps * (uint64_t)passes;
+        if (ok && (perf_mem_check(p, l, size, salt, total) != (size_t)-1 ||
+                   perf_mem_check(p, h, size, salt, total) != (size_t)-1)) {
+            fprintf(stderr, "ema_perf: DATA MISMATCH: kernel: a window does not hold the "
+                    "pattern plus %" PRIu64 " after the passes\n", total);
+            ok = 0;
+        }
+        row->n[IMPL_EMA] = row->n[IMPL_RAW] = ok ? (size_t)reps : 0;
+        row->us[IMPL_EMA] = perf_median(p->samples[IMPL_EMA], row->n[IMPL_EMA]);
+        row->us[IMPL_RAW] = perf_median(p->samples[IMPL_RAW], row->n[IMPL_RAW]);
+    }
+    EMA_CHECK(ema_barrier());
+    EMA_CHECK(ema_win_free(wx));
+    EMA_CHECK(ema_win_free(wh));
+    EMA_CHECK(ema_win_free(wl));
+    return perf_agree(p, ok) ? 0 : -1;
+}
+
 static const perf_op_t perf_ops[] = {
     {"put", "ema_put + ema_win_flush vs ucp_put_nbx + ucp_ep_flush_nbx", perf_measure_put,
      NULL},
@@ -1152,9 +1370,12 @@ static const perf_op_t perf_ops[] = {
      perf_sizes_borrow},
     {"reclaim", "ema_reclaim of N bytes vs a memcpy of N bytes between the arenas",
      perf_measure_reclaim, perf_sizes_reclaim},
+    {"kernel", "a pass over a half-borrowed window vs over an all-local one",
+     perf_measure_kernel, perf_sizes_kernel},
 };
 #define PERF_NOPS ((int)(sizeof(perf_ops) / sizeof(perf_ops[0])))
 #define PERF_OP_RECLAIM 3 /* perf_ops[] index */
+#define PERF_OP_KERNEL  4
 
 /* ------------------------------------------------------------------------- */
 /* main                                                                       */
@@ -1168,7 +1389,8 @@ static void perf_usage(FILE *f)
         "each row measured side by side with raw UCX on the same transport; the latency\n"
         "of borrowing one segment; the time of a reclaim against a raw copy.\n"
         "  --csv              print op,size,ema_us,ema_GBps,ucx_us,ucx_GBps,ratio\n"
-        "  --op NAME          put, get, borrow, reclaim or all (default all: every one);\n"
+        "  --op NAME          put, get, borrow, reclaim, kernel or all (default all:\n"
+        "                     every one);\n"
         "                     a comma list also works\n"
         "  --min SIZE         smallest size (default 8); K, M, G suffixes\n"
         "  --max SIZE         largest size (default 64M); sizes double from --min\n"
@@ -1181,6 +1403,8 @@ static void perf_usage(FILE *f)
         "                     worker) or single\n"
         "  --reclaim-sizes L  reclaim sizes, a comma list (default 64M,256M,1G); sizes\n"
         "                     that do not fit are skipped with a note\n"
+        "  --kernel-size S    the window of the kernel row (default 1G on the cuda\n"
+        "                     kind, 256M on host)\n"
         "  -v, --verbose      also print the transports and lanes in use\n"
         "  -h, --help         this help\n"
         "Columns: median latency of one op + flush in microseconds, GB/s = size /\n"
@@ -1194,6 +1418,14 @@ static void perf_usage(FILE *f)
         "  reference instead of raw UCX: a memcpy of size bytes from rank 1's memory to\n"
         "  rank 0's (both mapped, resident), same run (\"copy\" in the table); ratio =\n"
         "  copy / reclaim.  Goal: ema_us <= 1.25 * copy + 1000 (\"goal\" in the table).\n"
+        "kernel rows: ema_us = one pass over a window half borrowed from rank 1 (a\n"
+        "  CUDA kernel on the cuda kind, timed with CUDA events; a CPU loop on host);\n"
+        "  the ucx columns hold the same pass over an all-local window; ratio =\n"
+        "  local / borrowed.  Goal: ratio >= 0.97.\n"
+        "On the cuda kind buffers and windows are device memory, and the copy of the\n"
+        "  reclaim rows is a cudaMemcpy timed with CUDA events; put and get are timed\n"
+        "  with the wall clock around op + flush, since UCX completes them on its own\n"
+        "  CUDA streams.\n"
         "Unless EMA_DEVICE_MEMORY is set, the capacity is max(1G, 2 * --max), and with\n"
         "reclaim at least 2 * the largest reclaim size + 64M.\n");
 }
@@ -1214,6 +1446,7 @@ static int perf_parse(int argc, char **argv, perf_opts_t *o)
         {"time", required_argument, NULL, 't'}, {"ucx-thread", required_argument, NULL, 'T'},
         {"verbose", no_argument, NULL, 'v'},    {"help", no_argument, NULL, 'h'},
         {"reclaim-sizes", required_argument, NULL, 'R'},
+        {"kernel-size", required_argument, NULL, 'K'},
         {NULL, 0, NULL, 0}};
     int opt;
     char *end;
@@ -1273,6 +1506,9 @@ static int perf_parse(int argc, char **argv, perf_opts_t *o)
             if (o->nreclaim == 0) return -1;
             break;
         }
+        case 'K':
+            if (perf_parse_size(optarg, &o->kernel_size) != 0 || o->kernel_size == 0) return -1;
+            break;
         case 'h': return 1;
         default: return -1;
         }
@@ -1313,12 +1549,13 @@ static void perf_print_header(perf_t *p, unsigned opmask)
         printf("op,size,ema_us,ema_GBps,ucx_us,ucx_GBps,ratio\n");
         return;
     }
-    printf("# ema_perf %s: rank 0 (origin) -> rank 1 (target), host memory\n",
-           ema_version_string());
+    printf("# ema_perf %s: rank 0 (origin) -> rank 1 (target), %s memory\n",
+           ema_version_string(), p->gpu ? "cuda (GPU)" : "host");
     ema_info_print(stdout, EMA_INFO_TRANSPORT);
-    printf("# raw UCX %s: own context and worker (thread mode %s), target buffer a memfd\n"
+    printf("# raw UCX %s: own context and worker (thread mode %s), target buffer %s\n"
            "#   registered without UCP_MEM_MAP_ALLOCATE, target spinning on ucp_worker_progress\n",
-           ucp_get_version_string(), p->o.single ? "single" : "multi");
+           ucp_get_version_string(), p->o.single ? "single" : "multi",
+           p->gpu ? "cudaMalloc'ed (cuda_ipc)" : "a memfd");
     printf("# us: median of one op + flush; GB/s = size / median (1 GB = 1e9 B)\n"
            "# ratio = ucx_us / ema_us: > 1 EMA faster, < 1 EMA slower than raw UCX\n");
     if (opmask & 3u) { /* put, get; borrow and reclaim print their own */
@@ -1347,6 +1584,14 @@ static void perf_print_op_header(perf_t *p, const char *op)
                "#   reclaim_us; goal: reclaim_us <= 1.25 * copy_us + 1000\n");
         printf("%-7s %8s %10s %9s %10s %9s %7s %7s %4s\n", "op", "size", "reclaim_us",
                "GB/s", "copy_us", "copy_GB/s", "ratio", "reps", "goal");
+    } else if (strcmp(op, "kernel") == 0) {
+        printf("# kernel: one pass that reads and writes every word of a window of size\n"
+               "#   bytes on rank 0, half of it borrowed from rank 1 (ema_us), against the\n"
+               "#   same pass over an all-local window (local_us, the CSV's ucx columns);\n"
+               "#   %s; ratio = local_us / ema_us; goal: ratio >= 0.97\n",
+               p->gpu ? "a CUDA kernel timed with CUDA events" : "a CPU loop, wall clock");
+        printf("%-7s %8s %10s %9s %10s %9s %7s %7s %4s\n", "op", "size", "ema_us",
+               "ema_GB/s", "local_us", "loc_GB/s", "ratio", "reps", "goal");
     }
 }
 
@@ -1357,11 +1602,13 @@ static void perf_print_row(perf_t *p, const char *op, size_t size, const perf_ro
     double ugb = u > 0 ? (double)size / (u * 1e3) : 0.0;
     double ratio = e > 0 ? u / e : 0.0;
 
-    if (row->no_ref || strcmp(op, "reclaim") == 0) {
-        /* borrow and reclaim: goal column, wider op column */
+    if (row->no_ref || strcmp(op, "reclaim") == 0 || strcmp(op, "kernel") == 0) {
+        /* borrow, reclaim, kernel: goal column, wider op column */
         const char *goal = "-";
         if (strcmp(op, "borrow") == 0) {
             goal = e <= 100.0 ? "ok" : "MISS";
+        } else if (strcmp(op, "kernel") == 0) {
+            goal = ratio >= 0.97 ? "ok" : "MISS";
         } else if (!row->no_ref) {
             goal = e <= 1.25 * u + 1000.0 ? "ok" : "MISS";
         }
@@ -1427,6 +1674,14 @@ int main(int argc, char **argv)
                 ip.device_memory = 2 * maxn + (64ul << 20);
             }
         }
+        if (opmask & (1u << PERF_OP_KERNEL)) {
+            const char *kind = getenv("EMA_MEMORY_KIND");
+            size_t k = p->o.kernel_size ? p->o.kernel_size
+                     : (kind != NULL && strcmp(kind, "cuda") == 0) ? (1ul << 30) : (256ul << 20);
+            if (2 * k + (256ul << 20) > ip.device_memory) {
+                ip.device_memory = 2 * k + (256ul << 20);
+            }
+        }
     }
     EMA_CHECK(ema_init(&ip));
     EMA_CHECK(ema_world_rank(&p->rank));
@@ -1440,8 +1695,16 @@ int main(int argc, char **argv)
         return 2;
     }
 
+    {
+        ema_mem_stat_t ms;
+        EMA_CHECK(ema_mem_stat(&ms));
+        p->gpu = (ms.memory_kind == EMA_MEMORY_KIND_CUDA);
+        if (p->gpu && perf_gpu_init(ms.device < 0 ? 0 : ms.device) != 0) {
+            perf_die("the cuda memory kind needs ema_perf's GPU side: %s", perf_gpu_error());
+        }
+    }
     EMA_CHECK(ema_win_allocate(CTL_SIZE, NULL, (void **)&p->ctl_base, &p->ctl_win));
-    memset(p->ctl_base, 0, CTL_SIZE);
+    perf_mem_zero(p, p->ctl_base, CTL_SIZE);
     {
         /* the segment size: a 1-byte window reserves exactly one segment */
         ema_win_h w;
@@ -1459,13 +1722,18 @@ int main(int argc, char **argv)
                  ema_strerror(st),
                  st == EMA_ERR_NO_MEMORY ? " (raise EMA_DEVICE_MEMORY or lower --max)" : "");
     }
-    if (p->rank == PERF_ORIGIN) {
+    if (p->rank == PERF_ORIGIN && p->gpu) {
+        if ((p->buf = perf_gpu_alloc(p->o.max)) == NULL) {
+            perf_die("origin buffer: %s", perf_gpu_error());
+        }
+        perf_mem_zero(p, p->buf, p->o.max);
+    } else if (p->rank == PERF_ORIGIN) {
         if (posix_memalign((void **)&p->buf, 2u << 20, p->o.max) != 0) {
             perf_die("out of memory for a %zu-byte buffer", p->o.max);
         }
         memset(p->buf, 0, p->o.max);
     } else {
-        memset(p->data_base, 0, p->o.max);
+        perf_mem_zero(p, p->data_base, p->o.max);
     }
     EMA_CHECK(ema_barrier());
 
@@ -1529,7 +1797,11 @@ int main(int argc, char **argv)
     for (int i = 0; i < IMPL_NUM; i++) {
         free(p->samples[i]);
     }
-    free(p->buf);
+    if (p->gpu) {
+        perf_gpu_free(p->buf);
+    } else {
+        free(p->buf);
+    }
     EMA_CHECK(ema_win_free(p->data_win));
     EMA_CHECK(ema_win_free(p->ctl_win));
     EMA_CHECK(ema_finalize());

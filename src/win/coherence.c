@@ -20,6 +20,7 @@
 
 #include "util/log.h"
 
+#include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -28,7 +29,9 @@ enum {
     EMA_WIN_MSG_ACK,
     EMA_WIN_MSG_UPDATE,
     EMA_WIN_MSG_TABLE_REQ,
-    EMA_WIN_MSG_TABLE_REP
+    EMA_WIN_MSG_TABLE_REP,
+    EMA_WIN_MSG_AMO,     /* an atomic for the holder of the word to perform */
+    EMA_WIN_MSG_AMO_REP  /* its result */
 };
 
 typedef struct {
@@ -41,6 +44,9 @@ typedef struct {
     uint64_t version;
     uint64_t size;
     uint64_t token; /* the waiter's address, echoed back */
+    /* AMO: address, operand, swap value; AMO_REP: arg[0] the old value,
+     * first the status */
+    uint64_t arg[3];
     /* UPDATE / TABLE_REP: count locations follow */
 } ema_win_msg_t;
 
@@ -53,6 +59,8 @@ typedef struct {
 
 typedef struct {
     atomic_int done;
+    uint64_t   value;  /* AMO_REP: the old value */
+    int32_t    status; /* AMO_REP */
 } ema_win_waiter_t;
 
 static ema_status_t ema_win_send(ema__win_ctx_t *ctx, int peer, const ema_win_msg_t *msg,
@@ -71,6 +79,61 @@ static ema__loc_t *ema_win_snapshot(ema_win_h win, uint32_t first, uint32_t coun
         locs[i] = atomic_load(&p->loc[first + i]);
     }
     return locs;
+}
+
+/* Perform an atomic on a word of this rank's own memory of tier @tier, with
+ * the kind's copy (cuMemcpy on cuda: the CPU cannot touch device memory). */
+static ema_status_t ema_win_amo_exec(ema__win_ctx_t *ctx, int tier, uint64_t raddr, int cswap,
+                                     uint64_t operand, uint64_t swap, uint64_t *old)
+{
+    ema__mem_arena_t *a = ctx->tier[tier];
+    uint64_t v = 0, nv;
+    ema_status_t status;
+
+    if (a == NULL || raddr < (uintptr_t)a->base ||
+        raddr + sizeof(uint64_t) > (uintptr_t)a->base + a->capacity) {
+        ema_error("atomic at %#" PRIx64 " outside this rank's memory of tier %d", raddr, tier);
+        return EMA_ERR_RANGE;
+    }
+    pthread_mutex_lock(&ctx->amo_lock);
+    status = a->ops->copy(a, &v, (const void *)(uintptr_t)raddr, sizeof(v));
+    nv     = cswap ? ((v == operand) ? swap : v) : v + operand;
+    if (status == EMA_SUCCESS && nv != v) {
+        status = a->ops->copy(a, (void *)(uintptr_t)raddr, &nv, sizeof(nv));
+    }
+    pthread_mutex_unlock(&ctx->amo_lock);
+    *old = v;
+    return status;
+}
+
+ema_status_t ema__win_amo(ema__win_ctx_t *ctx, int holder, int tier, uint64_t raddr, int cswap,
+                          uint64_t operand, uint64_t swap, uint64_t *old)
+{
+    ema_win_waiter_t w;
+    ema_win_msg_t m;
+    ema_status_t status;
+
+    if (holder == ctx->rank) {
+        return ema_win_amo_exec(ctx, tier, raddr, cswap, operand, swap, old);
+    }
+    atomic_init(&w.done, 0);
+    w.status = EMA_SUCCESS;
+    w.value  = 0;
+    memset(&m, 0, sizeof(m));
+    m.type   = EMA_WIN_MSG_AMO;
+    m.first  = (uint32_t)tier;
+    m.count  = (uint32_t)cswap;
+    m.token  = (uint64_t)(uintptr_t)&w;
+    m.arg[0] = raddr;
+    m.arg[1] = operand;
+    m.arg[2] = swap;
+    status = ema_win_send(ctx, holder, &m, NULL, 0);
+    if (status != EMA_SUCCESS) {
+        return status;
+    }
+    ema__win_wait_flag(ctx, &w.done, 1);
+    *old = w.value;
+    return (ema_status_t)w.status;
 }
 
 /* Quick jobs: run by the progress thread or any waiting loop. */
@@ -113,6 +176,11 @@ static void ema_win_job(void *arg)
         }
         ema_win_send(ctx, job->src, &reply, locs, locs ? reply.count : 0);
         free(locs);
+    } else if (m->type == EMA_WIN_MSG_AMO) {
+        reply.type   = EMA_WIN_MSG_AMO_REP;
+        reply.first  = (uint32_t)ema_win_amo_exec(ctx, (int)m->first, m->arg[0], (int)m->count,
+                                                  m->arg[1], m->arg[2], &reply.arg[0]);
+        ema_win_send(ctx, job->src, &reply, NULL, 0);
     }
     free(job);
 }
@@ -152,7 +220,15 @@ static void ema_win_am(void *arg, int src, const void *data, size_t len)
         }
         break;
     }
+    case EMA_WIN_MSG_AMO_REP: {
+        ema_win_waiter_t *w = (ema_win_waiter_t *)(uintptr_t)m.token;
+        w->value  = m.arg[0];
+        w->status = (int32_t)m.first;
+        atomic_fetch_add(&w->done, 1);
+        break;
+    }
     case EMA_WIN_MSG_INVAL:
+    case EMA_WIN_MSG_AMO:
     case EMA_WIN_MSG_TABLE_REQ: {
         /* These wait (for in-flight operations, for a consistent table):
          * not inside a UCX callback. */
@@ -175,6 +251,8 @@ static void ema_win_am(void *arg, int src, const void *data, size_t len)
 
 void ema__win_coherence_init(ema__win_ctx_t *ctx)
 {
+    pthread_mutex_init(&ctx->amo_lock, NULL);
+    ctx->amo_by_holder = ctx->tier[EMA_TIER_DEVICE]->ops->kind == EMA_MEMORY_KIND_CUDA;
     ema__xport_set_am_handler(ctx->xp, EMA_AM_WIN, ema_win_am, ctx);
 }
 

@@ -68,7 +68,9 @@ static inline size_t ema_rma_run(ema_win_h win, const ema__win_part_t *part, siz
         return (offset + len > psize) ? SIZE_MAX : 0;
     }
     ema__loc_t next = loc;
-    while (run < len && i + 1 < part->max_segs) {
+    /* Consecutive segments of one rank make one run, unless each segment is
+     * registered on its own (cuda): one UCX operation per key. */
+    while (run < len && i + 1 < part->max_segs && ctx->mr[EMA_LOC_TIER(loc)].nreg <= 1) {
         ema__loc_t l = atomic_load_explicit(&part->loc[i + 1], memory_order_relaxed);
         if (l != next + 1) { /* same rank and tier, next segment, not moving */
             break;
@@ -113,7 +115,7 @@ static inline ucs_status_ptr_t ema_rma_issue(ema__win_ctx_t *ctx, ema_op_t op, i
                                              const ucp_request_param_t *param)
 {
     ucp_ep_h ep     = ctx->xp->eps[rank];
-    ucp_rkey_h rkey = ctx->mr[tier].rkeys[rank];
+    ucp_rkey_h rkey = ema__xport_mr_rkey(&ctx->mr[tier], rank, raddr);
     return (op == EMA_OP_PUT) ? ucp_put_nbx(ep, buf, len, raddr, rkey, param)
                               : ucp_get_nbx(ep, buf, len, raddr, rkey, param);
 }
@@ -515,6 +517,15 @@ static ema_status_t ema_atomic(ema_win_h win, int rank, size_t offset, ucp_atomi
         atomic_fetch_sub(&ctx->inflight, 1);
         return EMA_SUCCESS;
     }
+    if (ctx->amo_by_holder) {
+        /* In flight until the holder answered: a migration of the word
+         * waits for it (ema__win_inval_local). */
+        status = (op == UCP_ATOMIC_OP_ADD)
+                     ? ema__win_amo(ctx, trank, tier, raddr, 0, value, 0, reply)
+                     : ema__win_amo(ctx, trank, tier, raddr, 1, value, *reply, reply);
+        atomic_fetch_sub(&ctx->inflight, 1);
+        return status;
+    }
     ucp_request_param_t param;
     param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_DATATYPE |
                          UCP_OP_ATTR_FIELD_REPLY_BUFFER;
@@ -522,7 +533,8 @@ static ema_status_t ema_atomic(ema_win_h win, int rank, size_t offset, ucp_atomi
     param.datatype     = ucp_dt_make_contig(sizeof(uint64_t));
     param.reply_buffer = reply;
     ucs_status_ptr_t sp = ucp_atomic_op_nbx(ctx->xp->eps[trank], op, &value, 1, raddr,
-                                            ctx->mr[tier].rkeys[trank], &param);
+                                            ema__xport_mr_rkey(&ctx->mr[tier], trank, raddr),
+                                            &param);
     atomic_fetch_sub(&ctx->inflight, 1);
     return ema__xport_wait(ctx->xp, sp, "ucp_atomic_op_nbx");
 }

@@ -7,6 +7,7 @@
 
 #include "util/log.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 /* The arena whose ops map a location, and the export that describes it. */
@@ -54,71 +55,144 @@ ema_status_t ema__win_seg_map_many(ema_win_h win, uint32_t idx, ema__loc_t loc, 
     return arena->ops->map_many(arena, exp, EMA_LOC_SEG(loc), count, handle, at);
 }
 
-void ema__win_seg_unmap(ema_win_h win, uint32_t first, uint32_t count)
+ema_status_t ema__win_seg_unmap_range(ema_win_h win, uint32_t first, uint32_t count)
 {
     ema__mem_arena_t *arena = win->ctx->tier[EMA_TIER_DEVICE];
-    if (count > 0) {
-        arena->ops->unmap(arena, (char *)win->base + (size_t)first * win->ctx->seg_size,
-                          (size_t)count * win->ctx->seg_size);
+    if (count == 0) {
+        return EMA_SUCCESS;
     }
+    return arena->ops->unmap(arena, (char *)win->base + (size_t)first * win->ctx->seg_size,
+                             (size_t)count * win->ctx->seg_size);
+}
+
+void ema__win_seg_unmap(ema_win_h win, uint32_t first, uint32_t count)
+{
+    ema__win_seg_unmap_range(win, first, count);
 }
 
 /*
- * Move segment idx:
- *  1. map the new memory at a scratch range,
- *  2. copy the segment's bytes into it (nobody writes them: the caller has
- *     invalidated the segment on every rank and told the owner through the
- *     reclaim callback),
- *  3. map the new memory over the old at the same address (MAP_FIXED
- *     replaces the old mapping in one step on the host kind),
- *  4. drop the scratch range.
+ * Move a batch of segments of the own part to new memory where the window's
+ * memory is not mapped everywhere (cuda): the data goes device to device on
+ * the copy engines, every copy of the batch in flight before one wait, then
+ * each run is unmapped once and its new memory mapped at the same address.
+ *   1. per run (consecutive window segments whose new memory is consecutive
+ *      segments of one rank): the source is the window itself; the
+ *      destination is our own arena's mapping when the new memory is ours,
+ *      else a scratch range where the peer's segments are mapped;
+ *   2. all copies queued (copy_start), one copy_wait;
+ *   3. per run: unmap the window range, map the new memory there, drop the
+ *      scratch range.
+ * @ok_p counts the segments moved, from the first (runs are done in order);
+ * the rest still map the old memory, with their data.
  */
-ema_status_t ema__win_seg_move(ema_win_h win, uint32_t idx, ema__loc_t loc, int64_t handle)
+typedef struct {
+    uint32_t first; /* index into the batch */
+    uint32_t count;
+    void    *dst;
+    void    *scratch;
+} ema_win_move_run_t;
+
+ema_status_t ema__win_seg_move_batch(ema_win_h win, const uint32_t *idx, const ema__loc_t *loc,
+                                     const int64_t *hdl, uint32_t n, uint32_t *ok_p)
 {
     ema__win_ctx_t *ctx = win->ctx;
     ema__mem_arena_t *dev = ctx->tier[EMA_TIER_DEVICE];
-    const ema__mem_export_t *exp;
-    ema__mem_arena_t *arena = ema_win_loc_arena(ctx, loc, &exp);
     size_t seg = ctx->seg_size;
-    void *at = (char *)win->base + (size_t)idx * seg, *scratch = NULL;
-    ema_status_t status;
+    ema_win_move_run_t *runs = calloc(n ? n : 1, sizeof(*runs));
+    ema_status_t status = EMA_SUCCESS;
+    uint32_t nruns = 0, r, i;
 
-    if (ctx->direct) {
-        /* Every rank's memory is mapped here already (and resident): copy
-         * through those mappings, then map the new memory in place.  A
-         * scratch mapping would cost a page fault per page. */
-        char *dst = ctx->peer_base[EMA_LOC_TIER(loc)][EMA_LOC_RANK(loc)] +
-                    (size_t)EMA_LOC_SEG(loc) * seg;
-        status = dev->ops->copy(dev, dst, at, seg);
-        if (status == EMA_SUCCESS) {
-            status = arena->ops->map(arena, exp, EMA_LOC_SEG(loc), handle, at);
+    *ok_p = 0;
+    if (runs == NULL) {
+        return EMA_ERR_NO_MEMORY;
+    }
+    for (i = 0; i < n;) {
+        uint32_t j = i + 1;
+        while (j < n && idx[j] == idx[j - 1] + 1 && loc[j] == loc[j - 1] + 1 &&
+               hdl[j] == hdl[i]) {
+            j++;
         }
-        if (status == EMA_SUCCESS) {
-            win->stats.migrations++;
+        runs[nruns].first = i;
+        runs[nruns].count = j - i;
+        nruns++;
+        i = j;
+    }
+
+    /* 1. where each run's new memory can be written */
+    for (r = 0; r < nruns && status == EMA_SUCCESS; r++) {
+        ema_win_move_run_t *run = &runs[r];
+        ema__loc_t l = loc[run->first];
+        ema__mem_arena_t *own = ctx->tier[EMA_LOC_TIER(l)];
+        size_t len = (size_t)run->count * seg;
+        if (EMA_LOC_RANK(l) == ctx->rank && own != NULL) {
+            run->dst = (char *)own->base + (size_t)EMA_LOC_SEG(l) * seg;
+            continue;
         }
-        return status;
+        status = dev->ops->reserve(dev, len, &run->scratch);
+        if (status != EMA_SUCCESS) {
+            run->scratch = NULL;
+            break;
+        }
+        for (i = 0; i < run->count && status == EMA_SUCCESS; i++) {
+            const ema__mem_export_t *exp = &ctx->exports[EMA_LOC_TIER(l)][EMA_LOC_RANK(l)];
+            status = dev->ops->map(dev, exp, EMA_LOC_SEG(l) + i, hdl[run->first + i],
+                                   (char *)run->scratch + (size_t)i * seg);
+            if (status != EMA_SUCCESS && i > 0) {
+                dev->ops->unmap(dev, run->scratch, (size_t)i * seg);
+            }
+        }
+        if (status != EMA_SUCCESS) {
+            dev->ops->unreserve(dev, run->scratch, len);
+            run->scratch = NULL;
+            break;
+        }
+        run->dst = run->scratch;
     }
-    status = dev->ops->reserve(dev, seg, &scratch);
-    if (status != EMA_SUCCESS) {
-        return status;
+    /* Runs [0, ready) have a destination: move those, and report why the
+     * rest could not move. */
+    uint32_t ready = r;
+    ema_status_t setup = status;
+    status = EMA_SUCCESS;
+
+    /* 2. the copies, all in flight, then one wait */
+    for (r = 0; r < ready && status == EMA_SUCCESS; r++) {
+        const void *src = (char *)win->base + (size_t)idx[runs[r].first] * seg;
+        size_t len      = (size_t)runs[r].count * seg;
+        status = (dev->ops->copy_start != NULL)
+                     ? dev->ops->copy_start(dev, runs[r].dst, src, len)
+                     : dev->ops->copy(dev, runs[r].dst, src, len);
     }
-    status = arena->ops->map(arena, exp, EMA_LOC_SEG(loc), handle, scratch);
-    if (status != EMA_SUCCESS) {
-        goto out;
+    if (dev->ops->copy_wait != NULL) {
+        ema_status_t st = dev->ops->copy_wait(dev);
+        status = (status == EMA_SUCCESS) ? st : status;
     }
-    status = dev->ops->copy(dev, scratch, at, seg);
-    if (status != EMA_SUCCESS) {
-        goto out_unmap;
+
+    /* 3. the new memory in place of the old, run by run */
+    for (r = 0; r < ready; r++) {
+        ema_win_move_run_t *run = &runs[r];
+        uint32_t f = run->first;
+        if (status == EMA_SUCCESS) {
+            status = ema__win_seg_unmap_range(win, idx[f], run->count);
+            if (status == EMA_SUCCESS) {
+                status = ema__win_seg_map_many(win, idx[f], loc[f], run->count, hdl[f]);
+                if (status != EMA_SUCCESS) {
+                    ema_error("window %u: segments %u..%u are unmapped: mapping their new "
+                              "memory failed after the copy", win->id, idx[f],
+                              idx[f] + run->count - 1);
+                }
+            }
+            if (status == EMA_SUCCESS) {
+                *ok_p += run->count;
+                win->stats.migrations += run->count;
+            }
+        }
+        if (run->scratch != NULL) {
+            dev->ops->unmap(dev, run->scratch, (size_t)run->count * seg);
+            dev->ops->unreserve(dev, run->scratch, (size_t)run->count * seg);
+        }
     }
-    status = arena->ops->map(arena, exp, EMA_LOC_SEG(loc), handle, at);
-out_unmap:
-    dev->ops->unmap(dev, scratch, seg);
-out:
-    dev->ops->unreserve(dev, scratch, seg);
-    if (status == EMA_SUCCESS) {
-        win->stats.migrations++;
-    }
-    return status;
+    free(runs);
+    return (status == EMA_SUCCESS) ? setup : status;
 }
 
 ema_status_t ema__win_inval_local(ema__win_ctx_t *ctx, ema_win_h win, int part, uint32_t first,

@@ -32,9 +32,11 @@ ema_status_t ema__win_ctx_init(ema__win_ctx_t *ctx, ema__xport_t *xp, ema__mem_a
         if (ctx->tier[t] == NULL) {
             continue; /* no spill tier (EMA_SPILL=none) */
         }
+        /* cuda: one region per segment, each its own VMM allocation, so
+         * that UCX's cuda_ipc can export it (see ema__xport_mr_register) */
+        int cuda = ctx->tier[t]->ops->kind == EMA_MEMORY_KIND_CUDA;
         status = ema__xport_mr_register(xp, ctx->tier[t]->base, ctx->tier[t]->capacity,
-                                        ctx->tier[t]->ops->kind == EMA_MEMORY_KIND_CUDA,
-                                        &ctx->mr[t]);
+                                        cuda ? ctx->tier[t]->seg_size : 0, cuda, &ctx->mr[t]);
         if (status != EMA_SUCCESS) {
             goto err;
         }
@@ -132,7 +134,7 @@ ema_status_t ema__win_ctx_connect(ema__win_ctx_t *ctx, void *const *blobs, const
             }
             if (rlen > 0 && ctx->mr[t].memh != NULL) {
                 ema_status_t status = ema__xport_mr_add_peer(ctx->xp, &ctx->mr[t], r,
-                                                             ctx->exports[t][r].base, p);
+                                                             ctx->exports[t][r].base, p, rlen);
                 if (status != EMA_SUCCESS) {
                     return status;
                 }

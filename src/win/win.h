@@ -74,6 +74,12 @@ typedef struct ema__win_ctx {
      * against a busy target), so the host kind does not use it for data. */
     int                direct;
     char             **peer_base[EMA_TIER_MAX]; /* [size] */
+    /* Atomics the transport cannot do on this memory kind (UCX has no
+     * atomics on CUDA memory and would fall back to an emulation in which
+     * the target's CPU dereferences the device pointer): the rank holding
+     * the word performs them, serialized by amo_lock (ema__win_amo). */
+    int                amo_by_holder;
+    pthread_mutex_t    amo_lock;
     pthread_mutex_t    lock;      /* the window list */
     struct ema_win    *wins;      /* live windows */
     struct ema_win    *dead;      /* freed handles, kept until finalize so a
@@ -152,9 +158,12 @@ static inline ema_status_t ema__win_check_live(ema_win_h win)
 
 /* Map segment @loc (handle @handle) at index @idx of the own part. */
 ema_status_t ema__win_seg_map(ema_win_h win, uint32_t idx, ema__loc_t loc, int64_t handle);
-/* Replace segment @idx of the own part by @loc: copy the data into it and
- * map it in place.  The caller has invalidated @idx everywhere. */
-ema_status_t ema__win_seg_move(ema_win_h win, uint32_t idx, ema__loc_t loc, int64_t handle);
+/* Move segments idx[0..n) of the own part to @loc (with @hdl) where the
+ * memory is not mapped everywhere (cuda): copies in flight on the copy
+ * engines, one wait, then one unmap and map per run.  *@ok_p counts those
+ * moved, from the first. */
+ema_status_t ema__win_seg_move_batch(ema_win_h win, const uint32_t *idx, const ema__loc_t *loc,
+                                     const int64_t *hdl, uint32_t n, uint32_t *ok_p);
 /* Direct kind: copy @count segments from the memory at @src (and the
  * segments after it) to @dst, through this rank's mappings of every rank's
  * memory, not through any window. */
@@ -164,7 +173,9 @@ void         ema__win_seg_copy(ema__win_ctx_t *ctx, ema__loc_t dst, ema__loc_t s
  * @handle) at @idx and after, in one call where the kind allows. */
 ema_status_t ema__win_seg_map_many(ema_win_h win, uint32_t idx, ema__loc_t loc, uint32_t count,
                                    int64_t handle);
-/* Unmap segments [first, nsegs) of the own part, keeping the reservation. */
+/* Unmap segments [first, first+count) of the own part, keeping the
+ * reservation; the second reports failure. */
+ema_status_t ema__win_seg_unmap_range(ema_win_h win, uint32_t first, uint32_t count);
 void         ema__win_seg_unmap(ema_win_h win, uint32_t first, uint32_t count);
 
 /* Mark [first, first+count) of @part MOVING in this rank's cache and wait
@@ -196,5 +207,11 @@ ema_status_t ema__win_fetch(ema_win_h win, int part);
 /* Wait, progressing, until *flag becomes nonzero.  Runs quick deferred work
  * so two ranks waiting on each other's acknowledgements cannot deadlock. */
 void         ema__win_wait_flag(ema__win_ctx_t *ctx, atomic_int *counter, int target);
+/* A 64-bit fetch-and-add (@cswap 0) or compare-and-swap (@cswap 1: swap in
+ * @swap where the word equals @operand) on the word at @raddr of rank
+ * @holder's tier @tier, performed by @holder itself; *@old gets the value
+ * before.  Atomic with respect to every other ema__win_amo on that word. */
+ema_status_t ema__win_amo(ema__win_ctx_t *ctx, int holder, int tier, uint64_t raddr, int cswap,
+                          uint64_t operand, uint64_t swap, uint64_t *old);
 
 #endif

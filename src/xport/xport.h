@@ -93,13 +93,23 @@ typedef struct ema__xport {
 
 /* A registered memory range: the local memh and packed rkey, and for each
  * peer the unpacked rkey and base address of that peer's matching range. */
+/* A tier of every rank, registered as nreg regions of unit bytes each
+ * (one region unless the memory kind needs one per allocation). */
 typedef struct ema__xport_mr {
-    ucp_mem_h    memh;
-    void        *rkey_buf;
+    ucp_mem_h   *memh;     /* [nreg] */
+    uint32_t     nreg;
+    size_t       unit;
+    void        *rkey_buf; /* packed, for the peers */
     size_t       rkey_len;
-    ucp_rkey_h  *rkeys;  /* [size] */
-    uint64_t    *bases;  /* [size] */
+    ucp_rkey_h **rkeys;    /* [size][nreg] */
+    uint64_t    *bases;    /* [size] */
 } ema__xport_mr_t;
+
+/* The key for @raddr in @peer's registered memory. */
+static inline ucp_rkey_h ema__xport_mr_rkey(const ema__xport_mr_t *mr, int peer, uint64_t raddr)
+{
+    return mr->rkeys[peer][(mr->nreg > 1) ? (raddr - mr->bases[peer]) / mr->unit : 0];
+}
 
 extern const ema_config_field_t ema__xport_config_table[];
 
@@ -121,10 +131,10 @@ ema_status_t ema__xport_am_send(ema__xport_t *xp, int peer, unsigned id, const v
  * yield now and then when there was nothing to do. */
 void ema__xport_wait_step(ema__xport_t *xp);
 
-ema_status_t ema__xport_mr_register(ema__xport_t *xp, void *addr, size_t len, int cuda,
-                                    ema__xport_mr_t *mr);
+ema_status_t ema__xport_mr_register(ema__xport_t *xp, void *addr, size_t len, size_t unit,
+                                    int cuda, ema__xport_mr_t *mr);
 ema_status_t ema__xport_mr_add_peer(ema__xport_t *xp, ema__xport_mr_t *mr, int peer,
-                                    uint64_t base, const void *rkey_buf);
+                                    uint64_t base, const void *rkey_buf, size_t rkey_len);
 void         ema__xport_mr_deregister(ema__xport_t *xp, ema__xport_mr_t *mr);
 
 /* Progress the worker once; returns the number of events progressed. */

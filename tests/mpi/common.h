@@ -16,6 +16,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <execinfo.h>
+#include <signal.h>
+#include <unistd.h>
 
 static int         ema_t_rank = -1;
 static int         ema_t_size = 0;
@@ -67,8 +70,27 @@ static inline void ema_test_begin(const char *name)
 }
 
 /* ema_init + rank/size; every program starts with this. */
+/* A crash prints where it happened (the frames of libema.so and the test as
+ * module+offset, for addr2line), then dies of the same signal. */
+static void ema_t_crash(int sig)
+{
+    void *frames[48];
+    char head[160];
+    int n   = backtrace(frames, 48);
+    int len = snprintf(head, sizeof(head), "CRASH rank %d: signal %d in %s; backtrace:\n",
+                       ema_t_rank, sig, ema_t_current ? ema_t_current : "?");
+    if (write(2, head, (size_t)len) < 0) {
+    }
+    backtrace_symbols_fd(frames, n, 2);
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
 static inline void ema_test_init(const char *prog)
 {
+    signal(SIGSEGV, ema_t_crash);
+    signal(SIGBUS, ema_t_crash);
+    signal(SIGABRT, ema_t_crash);
     ema_t_current = prog;
     T_OK(ema_init(NULL));
     T_OK(ema_world_rank(&ema_t_rank));

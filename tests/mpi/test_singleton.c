@@ -11,13 +11,19 @@
 int main(void)
 {
     int rank = -1, size = -1;
+    signal(SIGSEGV, ema_t_crash);
+    signal(SIGBUS, ema_t_crash);
     double t0 = t_now();
     ema_status_t s = ema_init(NULL);
     double dt = t_now() - t0;
     ema_t_rank = 0;
     ema_t_current = "test_singleton_world_of_one_starts_fast";
     T_OK(s);
-    T_EXPECT(dt < 1.0, "ema_init took %.3f s without a launcher", dt);
+    /* Host memory: well under a second (0.04 s measured).  A GPU adds the
+     * driver's own start (cuInit, the primary context, UCX's CUDA
+     * transports: about 1 s on the H200), outside EMA's control. */
+    double limit = test_kind_is_cuda() ? 5.0 : 1.0;
+    T_EXPECT(dt < limit, "ema_init took %.3f s without a launcher (limit %.0f s)", dt, limit);
     T_STATUS(ema_world_rank(&rank), EMA_SUCCESS);
     T_STATUS(ema_world_size(&size), EMA_SUCCESS);
     T_EXPECT(rank == 0, "rank %d", rank);

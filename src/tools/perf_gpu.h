@@ -1,0 +1,56 @@
+/*
+ * ema_perf's GPU side (perf_gpu.cu), used on the cuda memory kind.  Without
+ * nvcc at build time every call fails with a message that says so.  All
+ * return 0 on success, -1 with perf_gpu_error() saying why.
+ */
+#ifndef EMA_PERF_GPU_H_
+#define EMA_PERF_GPU_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#ifdef EMA_PERF_GPU
+const char *perf_gpu_error(void);
+int   perf_gpu_init(int device);
+void *perf_gpu_alloc(size_t len);
+void  perf_gpu_free(void *p);
+/* Write the pattern of @salt (zeros with @zero) into device memory. */
+int   perf_gpu_fill(void *p, size_t len, uint64_t salt, int zero);
+/* *bad_p: the first byte that differs from the pattern of @salt with @add
+ * added to every word, or (size_t)-1. */
+int   perf_gpu_check(const void *p, size_t len, uint64_t salt, uint64_t add, size_t *bad_p);
+int   perf_gpu_copy(void *dst, const void *src, size_t len);
+/* Timed with CUDA events: one cudaMemcpy device to device; @passes of a
+ * kernel that reads and writes every word of [p, p+len) (adds 1). */
+int   perf_gpu_memcpy_us(void *dst, const void *src, size_t len, double *us_p);
+int   perf_gpu_passes_us(void *p, size_t len, int passes, double *us_p);
+#else
+static inline const char *perf_gpu_error(void)
+{
+    return "ema_perf was built without nvcc: no GPU measurements";
+}
+static inline int   perf_gpu_init(int device) { (void)device; return -1; }
+static inline void *perf_gpu_alloc(size_t len) { (void)len; return NULL; }
+static inline void  perf_gpu_free(void *p) { (void)p; }
+static inline int   perf_gpu_fill(void *p, size_t len, uint64_t salt, int zero)
+{ (void)p; (void)len; (void)salt; (void)zero; return -1; }
+static inline int   perf_gpu_check(const void *p, size_t len, uint64_t salt, uint64_t add,
+                                   size_t *bad_p)
+{ (void)p; (void)len; (void)salt; (void)add; (void)bad_p; return -1; }
+static inline int   perf_gpu_copy(void *dst, const void *src, size_t len)
+{ (void)dst; (void)src; (void)len; return -1; }
+static inline int   perf_gpu_memcpy_us(void *dst, const void *src, size_t len, double *us_p)
+{ (void)dst; (void)src; (void)len; (void)us_p; return -1; }
+static inline int   perf_gpu_passes_us(void *p, size_t len, int passes, double *us_p)
+{ (void)p; (void)len; (void)passes; (void)us_p; return -1; }
+#endif
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

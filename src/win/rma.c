@@ -194,6 +194,7 @@ static ema_status_t ema_rma_blocking(ema_win_h win, ema_op_t op, int rank, size_
     int nreqs = 0, trank, tier;
     uint64_t raddr;
 
+    int ranks[8], nranks = 0; /* the targets of a put, in order, repeats folded */
     param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK;
     param.cb.send      = ema_rma_noop_cb;
     while (len > 0) {
@@ -201,6 +202,14 @@ static ema_status_t ema_rma_blocking(ema_win_h win, ema_op_t op, int rank, size_
         if (n == 0) {
             status = EMA_ERR_RANGE;
             break;
+        }
+        if (nranks == 0 || ranks[nranks - 1] != trank) {
+            if (nranks == (int)(sizeof(ranks) / sizeof(ranks[0]))) {
+                /* many holders: flush them all at the end instead */
+                atomic_fetch_add(&ctx->nb_issued[ranks[0]], 1);
+                memmove(ranks, ranks + 1, sizeof(ranks[0]) * (size_t)(--nranks));
+            }
+            ranks[nranks++] = trank;
         }
         ucs_status_ptr_t sp = ema_rma_issue(ctx, op, trank, tier, buf, n, raddr, &param);
         atomic_fetch_sub(&ctx->inflight, 1);
@@ -221,8 +230,30 @@ static ema_status_t ema_rma_blocking(ema_win_h win, ema_op_t op, int rank, size_
         offset += n;
         len -= n;
     }
+    /* A put also waits for its targets' endpoints to flush, issued with it
+     * and waited for together (as a raw UCX put + flush): it is complete at
+     * the target when it returns, and ema_win_flush then has nothing to do. */
+    ucs_status_ptr_t flushes[8];
+    int nflush = 0, last = -1;
+    for (int i = 0; op == EMA_OP_PUT && status == EMA_SUCCESS && i < nranks; i++) {
+        if (ranks[i] == last) {
+            continue;
+        }
+        last = ranks[i];
+        ucs_status_ptr_t sp = ucp_ep_flush_nbx(ctx->xp->eps[last], &param);
+        if (sp != NULL && nflush == (int)(sizeof(flushes) / sizeof(flushes[0]))) {
+            st     = ema__xport_wait(ctx->xp, sp, "ucp_ep_flush_nbx");
+            status = (status == EMA_SUCCESS) ? st : status;
+        } else if (sp != NULL) {
+            flushes[nflush++] = sp;
+        }
+    }
     for (int i = 0; i < nreqs; i++) {
         st     = ema__xport_wait(ctx->xp, reqs[i], op == EMA_OP_PUT ? "ucp_put_nbx" : "ucp_get_nbx");
+        status = (status == EMA_SUCCESS) ? st : status;
+    }
+    for (int i = 0; i < nflush; i++) {
+        st     = ema__xport_wait(ctx->xp, flushes[i], "ucp_ep_flush_nbx");
         status = (status == EMA_SUCCESS) ? st : status;
     }
     return status;
@@ -260,6 +291,8 @@ static ema_status_t ema_rma_nb(ema_win_h win, ema_op_t op, int rank, size_t offs
         param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK;
         param.cb.send      = ema_rma_noop_cb;
         ucs_status_ptr_t sp = ema_rma_issue(ctx, op, trank, tier, buf, n, raddr, &param);
+        /* counted once issued: a flush that sees the count covers it */
+        atomic_fetch_add(&ctx->nb_issued[trank], 1);
         atomic_fetch_sub(&ctx->inflight, 1);
         if (sp == NULL) {
             *req_p = &ema_req_done;
@@ -296,6 +329,8 @@ static ema_status_t ema_rma_nb(ema_win_h win, ema_op_t op, int rank, size_t offs
         }
         atomic_fetch_add(&agg->pending, 1);
         ucs_status_ptr_t sp = ema_rma_issue(ctx, op, trank, tier, buf, n, raddr, &param);
+        /* counted once issued: a flush that sees the count covers it */
+        atomic_fetch_add(&ctx->nb_issued[trank], 1);
         atomic_fetch_sub(&ctx->inflight, 1);
         if (sp == NULL || UCS_PTR_IS_ERR(sp)) {
             if (UCS_PTR_IS_ERR(sp)) {
@@ -462,11 +497,14 @@ EMA_EXPORT ema_status_t ema_win_flush(ema_win_h win, int rank)
         mask = 1ull << rank;
     }
     for (int r = 0; mask != 0; r++, mask >>= 1) {
-        if (mask & 1) {
+        uint64_t issued = atomic_load(&win->ctx->nb_issued[r]);
+        if ((mask & 1) && issued != atomic_load(&win->ctx->nb_flushed[r])) {
             status = ema__xport_flush_ep(win->ctx->xp, r);
             if (status != EMA_SUCCESS) {
                 return status;
             }
+            /* a racing flush may store an older count: one more flush later */
+            atomic_store(&win->ctx->nb_flushed[r], issued);
         }
     }
     return EMA_SUCCESS;
@@ -482,7 +520,21 @@ EMA_EXPORT ema_status_t ema_win_flush_all(ema_win_h win)
         atomic_thread_fence(memory_order_seq_cst);
         return EMA_SUCCESS;
     }
-    return ema__xport_flush(win->ctx->xp);
+    ema__win_ctx_t *ctx = win->ctx;
+    uint64_t *issued = malloc(sizeof(*issued) * (size_t)(unsigned)ctx->size);
+    int todo = (issued == NULL);
+    for (int r = 0; issued != NULL && r < ctx->size; r++) {
+        issued[r] = atomic_load(&ctx->nb_issued[r]);
+        todo |= issued[r] != atomic_load(&ctx->nb_flushed[r]);
+    }
+    if (todo) {
+        status = ema__xport_flush(ctx->xp);
+    }
+    for (int r = 0; todo && status == EMA_SUCCESS && issued != NULL && r < ctx->size; r++) {
+        atomic_store(&ctx->nb_flushed[r], issued[r]);
+    }
+    free(issued);
+    return status;
 }
 
 static ema_status_t ema_atomic(ema_win_h win, int rank, size_t offset, ucp_atomic_op_t op,

@@ -41,6 +41,12 @@ ema_status_t ema__win_ctx_init(ema__win_ctx_t *ctx, ema__xport_t *xp, ema__mem_a
             goto err;
         }
     }
+    ctx->nb_issued  = calloc((size_t)(unsigned)size, sizeof(*ctx->nb_issued));
+    ctx->nb_flushed = calloc((size_t)(unsigned)size, sizeof(*ctx->nb_flushed));
+    if (ctx->nb_issued == NULL || ctx->nb_flushed == NULL) {
+        status = EMA_ERR_NO_MEMORY;
+        goto err;
+    }
     ema__win_coherence_init(ctx);
     return EMA_SUCCESS;
 
@@ -181,6 +187,10 @@ void ema__win_ctx_cleanup(ema__win_ctx_t *ctx)
         free(ctx->exports[t]);
         ctx->exports[t] = NULL;
     }
+    free(ctx->nb_issued);
+    free(ctx->nb_flushed);
+    ctx->nb_issued  = NULL;
+    ctx->nb_flushed = NULL;
     pthread_mutex_destroy(&ctx->lock);
 }
 

@@ -11,7 +11,8 @@
 #   2. ema_info;
 #   3. every test program of tests/mpi on 2 and 4 ranks sharing the GPU(s),
 #      under mpirun --timeout, with the cuda memory kind;
-#   4. examples/cuda_window on 1, 2 and 4 ranks; 5. ema_perf on 2 ranks.
+#   4. examples/cuda_window on 1, 2 and 4 ranks; 5. ema_perf on 2 ranks (CSV).
+# Each rank gets EMA_DEVICE_MEMORY=1G unless it is set (ema_perf: 10G).
 # Check is not needed: configure skips the unit tests without it.
 # Everything is logged to ${OUT:-.}/gpu-suite.log; the last line is
 # "N passed, N failed" (and skipped).  Exit status 0 only if nothing failed.
@@ -129,7 +130,7 @@ step make make -C "$build" -j"$jobs" || summary
 step "make test programs" make -C "$build" -j"$jobs" check TESTS= || summary
 
 # --- runs -------------------------------------------------------------------
-export EMA_MEMORY_KIND=cuda EMA_DEVICE_MEMORY=${EMA_DEVICE_MEMORY:-4G}
+export EMA_MEMORY_KIND=cuda EMA_DEVICE_MEMORY=${EMA_DEVICE_MEMORY:-1G}
 export UCX_CUDA_IPC_ENABLE_GET_ZCOPY=y
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 # Every EMA_* and UCX_* variable set here reaches every rank.
@@ -178,6 +179,9 @@ else
     nfail=$((nfail + 1)); failed+=(cuda_window)
 fi
 
-step "ema_perf np2" run_mpi 2 "$build/src/tools/ema_perf" --max 1G
+# The figures of the README's GPU section: put/get at 2 MiB..64 MiB against
+# raw UCX cuda_ipc, borrow, reclaim against cudaMemcpy, the kernel row.
+EMA_DEVICE_MEMORY=10G step "ema_perf np2" run_mpi 2 "$build/src/tools/ema_perf" --csv \
+    --min 2M --max 64M --reclaim-sizes 1G,4G
 
 summary

@@ -585,6 +585,58 @@ static ema_status_t ema_cuda_map(ema__mem_arena_t *arena, const ema__mem_export_
     return status;
 }
 
+/* @count consecutive segments: our own are mapped one cuMemMap each and
+ * given access with one cuMemSetAccess for the whole run (the access call
+ * is the larger part of a map's cost); a peer's segment each has its own
+ * exported fd, so a peer's run is one segment. */
+static ema_status_t ema_cuda_map_many(ema__mem_arena_t *arena, const ema__mem_export_t *exp,
+                                      uint32_t seg, uint32_t count, int64_t handle, void *addr)
+{
+    ema_cuda_arena_t *ca = arena->priv;
+    size_t ss = arena->seg_size;
+    CUmemAccessDesc acc;
+    ema_status_t status;
+    CUresult res;
+    uint32_t i;
+
+    if (count == 1 || exp->pid != (int32_t)getpid()) {
+        if (count != 1) {
+            ema_error("a run of %u segments of pid %d: a peer's are mapped one by one", count,
+                      (int)exp->pid);
+            return EMA_ERR_INVALID_PARAM;
+        }
+        return ema_cuda_map(arena, exp, seg, handle, addr);
+    }
+    status = ema_cuda_ctx_set(ca);
+    if (status != EMA_SUCCESS) {
+        return status;
+    }
+    if (seg + count > ca->ncreated) {
+        ema_error("segments %u..%u are outside this rank's arena of %u", seg, seg + count - 1,
+                  ca->ncreated);
+        return EMA_ERR_INVALID_PARAM;
+    }
+    for (i = 0; i < count; i++) {
+        EMA_CU_CALL(res, cuMemMap, (CUdeviceptr)(uintptr_t)((char *)addr + (size_t)i * ss), ss,
+                    0, ca->handles[seg + i], 0);
+        if (res != CUDA_SUCCESS) {
+            status = ema_cu_status(res);
+            goto err;
+        }
+    }
+    ema_cuda_access_desc(ca, &acc);
+    EMA_CU_CALL(res, cuMemSetAccess, (CUdeviceptr)(uintptr_t)addr, (size_t)count * ss, &acc, 1);
+    if (res == CUDA_SUCCESS) {
+        return EMA_SUCCESS;
+    }
+    status = ema_cu_status(res);
+err:
+    while (i-- > 0) {
+        ema_cu.cuMemUnmap((CUdeviceptr)(uintptr_t)((char *)addr + (size_t)i * ss), ss);
+    }
+    return status;
+}
+
 static ema_status_t ema_cuda_unmap(ema__mem_arena_t *arena, void *addr, size_t len)
 {
     ema_cuda_arena_t *ca = arena->priv;
@@ -682,6 +734,7 @@ const ema__mem_ops_t ema__mem_cuda_ops = {
     .seg_handle           = ema_cuda_seg_handle,
     .map                  = ema_cuda_map,
     .unmap                = ema_cuda_unmap,
+    .map_many             = ema_cuda_map_many,
     .copy                 = ema_cuda_copy,
     .copy_start           = ema_cuda_copy_start,
     .copy_wait            = ema_cuda_copy_wait,

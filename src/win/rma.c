@@ -194,24 +194,22 @@ static ema_status_t ema_rma_blocking(ema_win_h win, ema_op_t op, int rank, size_
     int nreqs = 0, trank, tier;
     uint64_t raddr;
 
-    int ranks[8], nranks = 0; /* the targets of a put, in order, repeats folded */
     param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK;
     param.cb.send      = ema_rma_noop_cb;
+    /* The whole operation counts as a wait: the progress thread leaves the
+     * worker (and its lock) to this thread meanwhile. */
+    atomic_fetch_add_explicit(&ctx->xp->app_waiters, 1, memory_order_relaxed);
     while (len > 0) {
         size_t n = ema_rma_enter(win, part, offset, len, &trank, &tier, &raddr);
         if (n == 0) {
             status = EMA_ERR_RANGE;
             break;
         }
-        if (nranks == 0 || ranks[nranks - 1] != trank) {
-            if (nranks == (int)(sizeof(ranks) / sizeof(ranks[0]))) {
-                /* many holders: flush them all at the end instead */
-                atomic_fetch_add(&ctx->nb_issued[ranks[0]], 1);
-                memmove(ranks, ranks + 1, sizeof(ranks[0]) * (size_t)(--nranks));
-            }
-            ranks[nranks++] = trank;
-        }
         ucs_status_ptr_t sp = ema_rma_issue(ctx, op, trank, tier, buf, n, raddr, &param);
+        if (op == EMA_OP_PUT) {
+            /* complete at the target only after a flush: count it */
+            atomic_fetch_add(&ctx->nb_issued[trank], 1);
+        }
         atomic_fetch_sub(&ctx->inflight, 1);
         if (UCS_PTR_IS_ERR(sp)) {
             st = ema__xport_wait(ctx->xp, sp, op == EMA_OP_PUT ? "ucp_put_nbx" : "ucp_get_nbx");
@@ -230,32 +228,11 @@ static ema_status_t ema_rma_blocking(ema_win_h win, ema_op_t op, int rank, size_
         offset += n;
         len -= n;
     }
-    /* A put also waits for its targets' endpoints to flush, issued with it
-     * and waited for together (as a raw UCX put + flush): it is complete at
-     * the target when it returns, and ema_win_flush then has nothing to do. */
-    ucs_status_ptr_t flushes[8];
-    int nflush = 0, last = -1;
-    for (int i = 0; op == EMA_OP_PUT && status == EMA_SUCCESS && i < nranks; i++) {
-        if (ranks[i] == last) {
-            continue;
-        }
-        last = ranks[i];
-        ucs_status_ptr_t sp = ucp_ep_flush_nbx(ctx->xp->eps[last], &param);
-        if (sp != NULL && nflush == (int)(sizeof(flushes) / sizeof(flushes[0]))) {
-            st     = ema__xport_wait(ctx->xp, sp, "ucp_ep_flush_nbx");
-            status = (status == EMA_SUCCESS) ? st : status;
-        } else if (sp != NULL) {
-            flushes[nflush++] = sp;
-        }
-    }
     for (int i = 0; i < nreqs; i++) {
         st     = ema__xport_wait(ctx->xp, reqs[i], op == EMA_OP_PUT ? "ucp_put_nbx" : "ucp_get_nbx");
         status = (status == EMA_SUCCESS) ? st : status;
     }
-    for (int i = 0; i < nflush; i++) {
-        st     = ema__xport_wait(ctx->xp, flushes[i], "ucp_ep_flush_nbx");
-        status = (status == EMA_SUCCESS) ? st : status;
-    }
+    atomic_fetch_sub_explicit(&ctx->xp->app_waiters, 1, memory_order_relaxed);
     return status;
 }
 

@@ -108,8 +108,9 @@ ema_status_t ema__win_seg_move_batch(ema_win_h win, const uint32_t *idx, const e
     }
     for (i = 0; i < n;) {
         uint32_t j = i + 1;
+        /* our own segments map as one run whatever their handles */
         while (j < n && idx[j] == idx[j - 1] + 1 && loc[j] == loc[j - 1] + 1 &&
-               hdl[j] == hdl[i]) {
+               (hdl[j] == hdl[i] || EMA_LOC_RANK(loc[i]) == ctx->rank)) {
             j++;
         }
         runs[nruns].first = i;

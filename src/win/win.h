@@ -79,10 +79,9 @@ typedef struct ema__win_ctx {
      * the target's CPU dereferences the device pointer): the rank holding
      * the word performs them, serialized by amo_lock (ema__win_amo). */
     int                amo_by_holder;
-    /* Non-blocking operations issued to each rank, and how many of those a
-     * flush has completed: a flush with nothing new to complete costs
-     * nothing.  Blocking puts complete at the target before they return
-     * (they wait for the endpoint's flush with the put). */
+    /* Puts and non-blocking gets issued to each rank, and how many of
+     * those a flush has completed: a flush with nothing to complete (after
+     * blocking gets, say) costs nothing. */
     _Atomic uint64_t  *nb_issued;  /* [size] */
     _Atomic uint64_t  *nb_flushed; /* [size] */
     pthread_mutex_t    amo_lock;

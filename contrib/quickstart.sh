@@ -58,6 +58,11 @@ echo "== make check"
 rc=0
 make -j"$jobs" check >make-check.out 2>&1 || rc=$?
 grep -E '^(PASS|FAIL|SKIP|XFAIL|XPASS|ERROR):' make-check.out || true
+# why each skipped test skipped: the first SKIP line of its log
+for f in $(sed -n 's/^SKIP: //p' make-check.out); do
+    log=${f%.sh}.log
+    [ -f "$log" ] && echo "   $(grep -m1 '^SKIP' "$log")"
+done
 echo "== Check summaries"
 find . -name '*.log' ! -name 'test-suite.log' ! -name 'config.log' -print0 |
     xargs -0 grep -h -E '^[0-9]+%: Checks: ' 2>/dev/null || true

@@ -106,6 +106,13 @@ static ema_status_t ema_win_amo_exec(ema__win_ctx_t *ctx, int tier, uint64_t rad
     return status;
 }
 
+/* Set while this thread waits for an atomic's answer: it then holds
+ * ctx->inflight (so that no migration copies the word before the holder has
+ * performed the atomic), and an invalidation run in its wait loop would wait
+ * for that count forever.  Such a job is put back for the progress thread or
+ * a later wait loop. */
+static __thread int ema_win_in_amo;
+
 ema_status_t ema__win_amo(ema__win_ctx_t *ctx, int holder, int tier, uint64_t raddr, int cswap,
                           uint64_t operand, uint64_t swap, uint64_t *old)
 {
@@ -131,7 +138,9 @@ ema_status_t ema__win_amo(ema__win_ctx_t *ctx, int holder, int tier, uint64_t ra
     if (status != EMA_SUCCESS) {
         return status;
     }
+    ema_win_in_amo++;
     ema__win_wait_flag(ctx, &w.done, 1);
+    ema_win_in_amo--;
     *old = w.value;
     return (ema_status_t)w.status;
 }
@@ -142,8 +151,13 @@ static void ema_win_job(void *arg)
     ema_win_job_t *job  = arg;
     ema__win_ctx_t *ctx = job->ctx;
     ema_win_msg_t *m    = &job->msg;
-    ema_win_h win       = ema__win_find(ctx, m->win_id);
     ema_win_msg_t reply;
+
+    if (m->type == EMA_WIN_MSG_INVAL && ema_win_in_amo) {
+        ema__xport_defer(ctx->xp, 1, ema_win_job, job); /* see ema_win_in_amo */
+        return;
+    }
+    ema_win_h win = ema__win_find(ctx, m->win_id);
 
     memset(&reply, 0, sizeof(reply));
     reply.win_id = m->win_id;

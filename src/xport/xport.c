@@ -566,7 +566,10 @@ int ema__xport_run_deferred(ema__xport_t *xp, int quick_only)
     ema__defer_t *d;
     int n = 0;
 
-    while ((d = ema_xport_defer_pop(xp, 0)) != NULL) {
+    /* The quick jobs queued now, not those they queue: a job may put itself
+     * back (see ema_win_in_amo in win/coherence.c). */
+    int budget = atomic_load(&xp->defer_count[0]);
+    while (budget-- > 0 && (d = ema_xport_defer_pop(xp, 0)) != NULL) {
         d->cb(d->arg);
         free(d);
         n++;

@@ -39,7 +39,7 @@ const ema__mem_ops_t *ema__mem_ops_get(ema_memory_kind_t kind)
 }
 
 ema_status_t ema__mem_arena_create(const ema__mem_ops_t *ops, size_t capacity, size_t seg_size,
-                                   int device, ema__mem_arena_t **arena_p)
+                                   int device, unsigned flags, ema__mem_arena_t **arena_p)
 {
     ema__mem_arena_t *arena;
     ema_status_t status;
@@ -64,6 +64,7 @@ ema_status_t ema__mem_arena_create(const ema__mem_ops_t *ops, size_t capacity, s
     arena->seg_size = seg_size;
     arena->fd       = -1;
     arena->device   = device;
+    arena->flags    = flags;
 
     status = ema__seg_pool_init(&arena->pool, (uint32_t)(capacity / seg_size));
     if (status != EMA_SUCCESS) {
@@ -73,8 +74,8 @@ ema_status_t ema__mem_arena_create(const ema__mem_ops_t *ops, size_t capacity, s
     if (status != EMA_SUCCESS) {
         goto err_pool;
     }
-    ema_debug("%s arena: %zu bytes in %u segments of %zu", ops->name, capacity,
-              arena->pool.nsegs, seg_size);
+    ema_debug("%s arena: %zu bytes in %u segments of %zu%s", ops->name, capacity,
+              arena->pool.nsegs, seg_size, arena->huge ? ", 2 MiB huge pages" : "");
     *arena_p = arena;
     return EMA_SUCCESS;
 

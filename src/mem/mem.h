@@ -79,6 +79,8 @@ struct ema__mem_arena {
     void                 *base;   /* the owner's own mapping of the whole arena */
     int                   fd;     /* host kind: the memfd; -1 otherwise */
     int                   device; /* cuda kind: the device ordinal */
+    unsigned              flags;  /* EMA_MEM_ARENA_* asked for */
+    int                   huge;   /* host: backed by huge pages */
     void                 *priv;   /* kind-specific state */
     ema__seg_pool_t       pool;
 };
@@ -92,8 +94,12 @@ extern const ema__mem_ops_t ema__mem_cuda_ops;
 const ema__mem_ops_t *ema__mem_ops_get(ema_memory_kind_t kind);
 const char           *ema__mem_kind_name(ema_memory_kind_t kind);
 
+/* Arena flags. */
+#define EMA_MEM_ARENA_HUGEPAGES 1u /* host: back it with 2 MiB huge pages where
+                                      some are reserved; else 4 KiB pages */
+
 ema_status_t ema__mem_arena_create(const ema__mem_ops_t *ops, size_t capacity, size_t seg_size,
-                                   int device, ema__mem_arena_t **arena_p);
+                                   int device, unsigned flags, ema__mem_arena_t **arena_p);
 void         ema__mem_arena_destroy(ema__mem_arena_t *arena);
 void         ema__mem_arena_export(const ema__mem_arena_t *arena, ema__mem_export_t *exp);
 

@@ -26,6 +26,11 @@ const ema_config_field_t ema__runtime_config_table[] = {
      "size of the segments windows are made of and lent in (auto: 2M on host, "
      "64M on cuda, where each VMM map costs ~50 us whatever the size)",
      EMA_RT_CFG(segment_size), &ema__config_size_auto},
+    {"HUGEPAGES", "y",
+     "host kind: back each rank's memory with 2 MiB huge pages when enough are reserved "
+     "(vm.nr_hugepages) and segments are a multiple of 2M, else 4 KiB pages: a reclaim then "
+     "costs about the copy, without the teardown of 512 page-table entries per 2 MiB",
+     EMA_RT_CFG(hugepages), &ema__config_bool},
     {"LOG_LEVEL", "warn", "log level: error, warn, info, debug or trace",
      EMA_RT_CFG(log_level), &ema_level_parser},
     EMA_CONFIG_TABLE_END};
@@ -275,7 +280,8 @@ EMA_EXPORT ema_status_t ema_init(const ema_init_params_t *params)
     status = ema__mem_arena_create(ops, w->cfg.device_memory,
                                    w->cfg.segment_size ? w->cfg.segment_size
                                                        : ops->default_segment_size,
-                                   device, &w->arena);
+                                   device, w->cfg.hugepages ? EMA_MEM_ARENA_HUGEPAGES : 0,
+                                   &w->arena);
     if (status != EMA_SUCCESS) {
         goto err_boot;
     }
@@ -291,7 +297,7 @@ EMA_EXPORT ema_status_t ema_init(const ema_init_params_t *params)
         /* The spill tier is host memory whatever the device kind: address
          * space until a window spills into it. */
         status = ema__mem_arena_create(&ema__mem_host_ops, w->pool.cfg.spill_size,
-                                       w->arena->seg_size, -1, &w->spill);
+                                       w->arena->seg_size, -1, 0, &w->spill);
         if (status != EMA_SUCCESS) {
             goto err_arena;
         }
@@ -523,8 +529,9 @@ EMA_EXPORT ema_status_t ema_info_print(FILE *stream, unsigned flags)
                     w->boot.size == 1 ? "" : "s", w->boot.rank,
                     w->boot.singleton ? "singleton, no launcher" : "PMIx");
             fprintf(stream, "# memory kind:   %s\n", w->arena->ops->name);
-            fprintf(stream, "# capacity:      %zu bytes in %u segments of %zu bytes\n",
-                    w->arena->capacity, w->arena->pool.nsegs, w->arena->seg_size);
+            fprintf(stream, "# capacity:      %zu bytes in %u segments of %zu bytes%s\n",
+                    w->arena->capacity, w->arena->pool.nsegs, w->arena->seg_size,
+                    w->arena->huge ? ", on 2 MiB huge pages" : "");
             fprintf(stream, "# progress:      %s\n",
                     w->progress.running ? "thread" : "application (ema_progress)");
         }

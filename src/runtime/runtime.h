@@ -22,6 +22,7 @@ typedef struct ema__runtime_config {
     int    memory_kind;   /* ema_memory_kind_t */
     size_t device_memory;
     size_t segment_size;  /* 0: the kind's default */
+    int    hugepages;     /* host: try huge pages for the arena */
     int    log_level;
 } ema__runtime_config_t;
 

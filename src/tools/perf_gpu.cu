@@ -160,14 +160,15 @@ extern "C" int perf_gpu_copy(void *dst, const void *src, size_t len)
     return 0;
 }
 
-extern "C" int perf_gpu_memcpy_us(void *dst, const void *src, size_t len, double *us_p)
+/* Time what @enqueue puts on the stream, with CUDA events around it. */
+template <typename F> static int perf_gpu_timed(const char *what, F enqueue, double *us_p)
 {
     cudaEvent_t e0, e1;
     float ms = 0;
     GPU_CALL(cudaEventCreate(&e0));
     GPU_CALL(cudaEventCreate(&e1));
     cudaEventRecord(e0, perf_gpu_stream);
-    cudaError_t e = cudaMemcpyAsync(dst, src, len, cudaMemcpyDeviceToDevice, perf_gpu_stream);
+    cudaError_t e = enqueue();
     cudaEventRecord(e1, perf_gpu_stream);
     if (e == cudaSuccess) {
         e = cudaEventSynchronize(e1);
@@ -178,36 +179,26 @@ extern "C" int perf_gpu_memcpy_us(void *dst, const void *src, size_t len, double
     cudaEventDestroy(e0);
     cudaEventDestroy(e1);
     if (e != cudaSuccess) {
-        return perf_gpu_fail("timed cudaMemcpy", e);
+        return perf_gpu_fail(what, e);
     }
     *us_p = ms * 1e3;
     return 0;
 }
 
+extern "C" int perf_gpu_memcpy_us(void *dst, const void *src, size_t len, double *us_p)
+{
+    return perf_gpu_timed("timed cudaMemcpy", [=]() {
+        return cudaMemcpyAsync(dst, src, len, cudaMemcpyDeviceToDevice, perf_gpu_stream);
+    }, us_p);
+}
+
 extern "C" int perf_gpu_passes_us(void *p, size_t len, int passes, double *us_p)
 {
-    cudaEvent_t e0, e1;
-    float ms = 0;
     size_t nw = len / 8;
-    GPU_CALL(cudaEventCreate(&e0));
-    GPU_CALL(cudaEventCreate(&e1));
-    cudaEventRecord(e0, perf_gpu_stream);
-    for (int i = 0; i < passes; i++) {
-        perf_gpu_pass_k<<<perf_gpu_blocks(nw), 256, 0, perf_gpu_stream>>>((uint64_t *)p, nw);
-    }
-    cudaEventRecord(e1, perf_gpu_stream);
-    cudaError_t e = cudaGetLastError();
-    if (e == cudaSuccess) {
-        e = cudaEventSynchronize(e1);
-    }
-    if (e == cudaSuccess) {
-        e = cudaEventElapsedTime(&ms, e0, e1);
-    }
-    cudaEventDestroy(e0);
-    cudaEventDestroy(e1);
-    if (e != cudaSuccess) {
-        return perf_gpu_fail("timed kernel", e);
-    }
-    *us_p = ms * 1e3;
-    return 0;
+    return perf_gpu_timed("timed kernel", [=]() {
+        for (int i = 0; i < passes; i++) {
+            perf_gpu_pass_k<<<perf_gpu_blocks(nw), 256, 0, perf_gpu_stream>>>((uint64_t *)p, nw);
+        }
+        return cudaGetLastError();
+    }, us_p);
 }

@@ -48,8 +48,12 @@ static int ema_host_arena_create_huge(ema__mem_arena_t *arena)
         ema_debug("no huge pages for the arena (memfd_create(MFD_HUGETLB): %m)");
         return -1;
     }
+    /* fallocate takes the pages now, so a shortage (or a hugetlb cgroup
+     * limit, where mmap would succeed and the first touch raise SIGBUS)
+     * fails here and the arena falls back */
     void *base = MAP_FAILED;
-    if (ftruncate(fd, (off_t)arena->capacity) == 0) {
+    if (ftruncate(fd, (off_t)arena->capacity) == 0 &&
+        fallocate(fd, 0, 0, (off_t)arena->capacity) == 0) {
         base = mmap(NULL, arena->capacity, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     }
     if (base == MAP_FAILED) {
@@ -115,6 +119,9 @@ static ema_status_t ema_host_prefault(ema__mem_arena_t *arena, uint32_t first, u
         return EMA_SUCCESS;
     }
 #endif
+    if (arena->huge) {
+        return EMA_SUCCESS; /* fallocate'd at creation: resident already */
+    }
     long pg = sysconf(_SC_PAGESIZE);
     for (size_t off = 0; off < len; off += (size_t)pg) {
         volatile char *c = p + off;

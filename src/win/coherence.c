@@ -86,10 +86,14 @@ static ema__loc_t *ema_win_snapshot(ema_win_h win, uint32_t first, uint32_t coun
 static ema_status_t ema_win_amo_exec(ema__win_ctx_t *ctx, int tier, uint64_t raddr, int cswap,
                                      uint64_t operand, uint64_t swap, uint64_t *old)
 {
-    ema__mem_arena_t *a = ctx->tier[tier];
+    ema__mem_arena_t *a;
     uint64_t v = 0, nv;
     ema_status_t status;
 
+    if (tier < 0 || tier >= EMA_TIER_MAX) {
+        return EMA_ERR_INVALID_PARAM;
+    }
+    a = ctx->tier[tier];
     if (a == NULL || raddr < (uintptr_t)a->base ||
         raddr + sizeof(uint64_t) > (uintptr_t)a->base + a->capacity) {
         ema_error("atomic at %#" PRIx64 " outside this rank's memory of tier %d", raddr, tier);

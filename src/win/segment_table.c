@@ -173,7 +173,11 @@ ema_status_t ema__win_seg_move_batch(ema_win_h win, const uint32_t *idx, const e
         ema_win_move_run_t *run = &runs[r];
         uint32_t f = run->first;
         if (status == EMA_SUCCESS) {
-            status = ema__win_seg_unmap_range(win, idx[f], run->count);
+            /* cuda cannot map over a mapping; on host MAP_FIXED replaces
+             * it in one step, with no moment where the range is unmapped */
+            if (dev->ops->kind != EMA_MEMORY_KIND_HOST) {
+                status = ema__win_seg_unmap_range(win, idx[f], run->count);
+            }
             if (status == EMA_SUCCESS) {
                 status = ema__win_seg_map_many(win, idx[f], loc[f], run->count, hdl[f]);
                 if (status != EMA_SUCCESS) {

@@ -88,11 +88,27 @@ static inline size_t ema_rma_run(ema_win_h win, const ema__win_part_t *part, siz
 
 /* A segment is moving: let the migration finish (answering invalidations
  * ourselves if need be), then look again. */
-static void ema_rma_wait_moving(ema__win_ctx_t *ctx)
+/* An issue counts in the in-flight count of the epoch it started in: an
+ * invalidation flips the epoch and waits only for the old one's count, so
+ * operations that start later (and see the segments MOVING) cannot keep it
+ * waiting, however many threads issue them. */
+static inline int ema_rma_in(ema__win_ctx_t *ctx)
 {
-    atomic_fetch_sub(&ctx->inflight, 1);
+    int ep = atomic_load(&ctx->epoch) & 1;
+    atomic_fetch_add(&ctx->inflight[ep], 1);
+    return ep;
+}
+
+static inline void ema_rma_leave(ema__win_ctx_t *ctx, int ep)
+{
+    atomic_fetch_sub(&ctx->inflight[ep], 1);
+}
+
+static int ema_rma_wait_moving(ema__win_ctx_t *ctx, int ep)
+{
+    ema_rma_leave(ctx, ep);
     ema__xport_wait_step(ctx->xp);
-    atomic_fetch_add(&ctx->inflight, 1);
+    return ema_rma_in(ctx);
 }
 
 static void ema_rma_noop_cb(void *request, ucs_status_t status, void *user_data)
@@ -127,19 +143,21 @@ static inline ucs_status_ptr_t ema_rma_issue(ema__win_ctx_t *ctx, ema_op_t op, i
  * left the part (a shrink raced the operation).
  */
 static inline size_t ema_rma_enter(ema_win_h win, ema__win_part_t *part, size_t offset,
-                                   size_t len, int *rank_p, int *tier_p, uint64_t *raddr_p)
+                                   size_t len, int *rank_p, int *tier_p, uint64_t *raddr_p,
+                                   int *ep_p)
 {
     ema__win_ctx_t *ctx = win->ctx;
     size_t n;
+    int ep = ema_rma_in(ctx);
 
-    atomic_fetch_add(&ctx->inflight, 1);
     while ((n = ema_rma_run(win, part, offset, len, rank_p, tier_p, raddr_p)) == 0) {
-        ema_rma_wait_moving(ctx);
+        ep = ema_rma_wait_moving(ctx, ep);
     }
     if (n == SIZE_MAX) {
-        atomic_fetch_sub(&ctx->inflight, 1);
+        ema_rma_leave(ctx, ep);
         return 0;
     }
+    *ep_p = ep;
     return n;
 }
 
@@ -155,13 +173,13 @@ static ema_status_t ema_rma_direct(ema_win_h win, ema_op_t op, int rank, size_t 
 {
     ema__win_ctx_t *ctx   = win->ctx;
     ema__win_part_t *part = &win->parts[rank];
-    int trank, tier;
+    int trank, tier, ep;
     uint64_t raddr;
     size_t n;
 
     while (len > 0) {
         /* inflight covers the copy: a migration waits for it to finish */
-        n = ema_rma_enter(win, part, offset, len, &trank, &tier, &raddr);
+        n = ema_rma_enter(win, part, offset, len, &trank, &tier, &raddr, &ep);
         if (n == 0) {
             return EMA_ERR_RANGE;
         }
@@ -171,7 +189,7 @@ static ema_status_t ema_rma_direct(ema_win_h win, ema_op_t op, int rank, size_t 
         } else {
             memcpy(buf, p, n);
         }
-        atomic_fetch_sub_explicit(&ctx->inflight, 1, memory_order_release);
+        ema_rma_leave(ctx, ep);
         buf = (char *)buf + n;
         offset += n;
         len -= n;
@@ -191,7 +209,7 @@ static ema_status_t ema_rma_blocking(ema_win_h win, ema_op_t op, int rank, size_
     ucp_request_param_t param;
     ucs_status_ptr_t reqs[16];
     ema_status_t status = EMA_SUCCESS, st;
-    int nreqs = 0, trank, tier;
+    int nreqs = 0, trank, tier, ep;
     uint64_t raddr;
 
     param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK;
@@ -200,7 +218,7 @@ static ema_status_t ema_rma_blocking(ema_win_h win, ema_op_t op, int rank, size_
      * worker (and its lock) to this thread meanwhile. */
     atomic_fetch_add_explicit(&ctx->xp->app_waiters, 1, memory_order_relaxed);
     while (len > 0) {
-        size_t n = ema_rma_enter(win, part, offset, len, &trank, &tier, &raddr);
+        size_t n = ema_rma_enter(win, part, offset, len, &trank, &tier, &raddr, &ep);
         if (n == 0) {
             status = EMA_ERR_RANGE;
             break;
@@ -210,7 +228,7 @@ static ema_status_t ema_rma_blocking(ema_win_h win, ema_op_t op, int rank, size_
             /* complete at the target only after a flush: count it */
             atomic_fetch_add(&ctx->nb_issued[trank], 1);
         }
-        atomic_fetch_sub(&ctx->inflight, 1);
+        ema_rma_leave(ctx, ep);
         if (UCS_PTR_IS_ERR(sp)) {
             st = ema__xport_wait(ctx->xp, sp, op == EMA_OP_PUT ? "ucp_put_nbx" : "ucp_get_nbx");
             status = (status == EMA_SUCCESS) ? st : status;
@@ -243,7 +261,7 @@ static ema_status_t ema_rma_nb(ema_win_h win, ema_op_t op, int rank, size_t offs
     ema__win_part_t *part = &win->parts[rank];
     ucp_request_param_t param;
     struct ema_request *agg = NULL;
-    int trank, tier;
+    int trank, tier, ep = 0;
     uint64_t raddr;
     size_t n;
 
@@ -259,7 +277,7 @@ static ema_status_t ema_rma_nb(ema_win_h win, ema_op_t op, int rank, size_t offs
         }
         return status;
     }
-    n = ema_rma_enter(win, part, offset, len, &trank, &tier, &raddr);
+    n = ema_rma_enter(win, part, offset, len, &trank, &tier, &raddr, &ep);
     if (n == 0) {
         return EMA_ERR_RANGE;
     }
@@ -270,7 +288,7 @@ static ema_status_t ema_rma_nb(ema_win_h win, ema_op_t op, int rank, size_t offs
         ucs_status_ptr_t sp = ema_rma_issue(ctx, op, trank, tier, buf, n, raddr, &param);
         /* counted once issued: a flush that sees the count covers it */
         atomic_fetch_add(&ctx->nb_issued[trank], 1);
-        atomic_fetch_sub(&ctx->inflight, 1);
+        ema_rma_leave(ctx, ep);
         if (sp == NULL) {
             *req_p = &ema_req_done;
             return EMA_SUCCESS;
@@ -285,7 +303,7 @@ static ema_status_t ema_rma_nb(ema_win_h win, ema_op_t op, int rank, size_t offs
         return EMA_SUCCESS;
     }
 
-    atomic_fetch_sub(&ctx->inflight, 1);
+    ema_rma_leave(ctx, ep);
     agg = malloc(sizeof(*agg));
     if (agg == NULL) {
         return EMA_ERR_NO_MEMORY;
@@ -298,7 +316,7 @@ static ema_status_t ema_rma_nb(ema_win_h win, ema_op_t op, int rank, size_t offs
     param.cb.send      = ema_rma_agg_cb;
     param.user_data    = agg;
     while (len > 0) {
-        n = ema_rma_enter(win, part, offset, len, &trank, &tier, &raddr);
+        n = ema_rma_enter(win, part, offset, len, &trank, &tier, &raddr, &ep);
         if (n == 0) {
             int expected = EMA_SUCCESS;
             atomic_compare_exchange_strong(&agg->status, &expected, EMA_ERR_RANGE);
@@ -308,7 +326,7 @@ static ema_status_t ema_rma_nb(ema_win_h win, ema_op_t op, int rank, size_t offs
         ucs_status_ptr_t sp = ema_rma_issue(ctx, op, trank, tier, buf, n, raddr, &param);
         /* counted once issued: a flush that sees the count covers it */
         atomic_fetch_add(&ctx->nb_issued[trank], 1);
-        atomic_fetch_sub(&ctx->inflight, 1);
+        ema_rma_leave(ctx, ep);
         if (sp == NULL || UCS_PTR_IS_ERR(sp)) {
             if (UCS_PTR_IS_ERR(sp)) {
                 ema_error("%s failed: %s", op == EMA_OP_PUT ? "ucp_put_nbx" : "ucp_get_nbx",
@@ -517,6 +535,7 @@ EMA_EXPORT ema_status_t ema_win_flush_all(ema_win_h win)
 static ema_status_t ema_atomic(ema_win_h win, int rank, size_t offset, ucp_atomic_op_t op,
                                uint64_t value, uint64_t *reply)
 {
+    int ep;
     ema_status_t status = ema_rma_check(win, rank, offset, reply, sizeof(uint64_t));
     if (status != EMA_SUCCESS) {
         return status;
@@ -528,7 +547,7 @@ static ema_status_t ema_atomic(ema_win_h win, int rank, size_t offset, ucp_atomi
     int trank, tier;
     uint64_t raddr;
     if (ema_rma_enter(win, &win->parts[rank], offset, sizeof(uint64_t), &trank, &tier,
-                      &raddr) == 0) {
+                      &raddr, &ep) == 0) {
         return EMA_ERR_RANGE;
     }
 
@@ -543,7 +562,7 @@ static ema_status_t ema_atomic(ema_win_h win, int rank, size_t offset, ucp_atomi
                                         __ATOMIC_SEQ_CST);
             *reply = expected;
         }
-        atomic_fetch_sub(&ctx->inflight, 1);
+        ema_rma_leave(ctx, ep);
         return EMA_SUCCESS;
     }
     if (ctx->amo_by_holder) {
@@ -552,7 +571,7 @@ static ema_status_t ema_atomic(ema_win_h win, int rank, size_t offset, ucp_atomi
         status = (op == UCP_ATOMIC_OP_ADD)
                      ? ema__win_amo(ctx, trank, tier, raddr, 0, value, 0, reply)
                      : ema__win_amo(ctx, trank, tier, raddr, 1, value, *reply, reply);
-        atomic_fetch_sub(&ctx->inflight, 1);
+        ema_rma_leave(ctx, ep);
         return status;
     }
     ucp_request_param_t param;
@@ -564,7 +583,7 @@ static ema_status_t ema_atomic(ema_win_h win, int rank, size_t offset, ucp_atomi
     ucs_status_ptr_t sp = ucp_atomic_op_nbx(ctx->xp->eps[trank], op, &value, 1, raddr,
                                             ema__xport_mr_rkey(&ctx->mr[tier], trank, raddr),
                                             &param);
-    atomic_fetch_sub(&ctx->inflight, 1);
+    ema_rma_leave(ctx, ep);
     return ema__xport_wait(ctx->xp, sp, "ucp_atomic_op_nbx");
 }
 

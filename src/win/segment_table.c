@@ -209,10 +209,17 @@ ema_status_t ema__win_inval_local(ema__win_ctx_t *ctx, ema_win_h win, int part, 
         atomic_fetch_or(&p->loc[i], EMA_LOC_MOVING);
     }
     /* An issue that read the location before the mark is counted in
-     * inflight until the operation has been handed to UCX; after that the
-     * flush completes it.  So once inflight is 0 and the flush is done, no
-     * operation to the old location remains. */
-    while (atomic_load(&ctx->inflight) > 0) {
+     * inflight until the operation has been handed to UCX (or, for an
+     * atomic on cuda, performed by the holder); after that the flush
+     * completes it.  Issues count in the epoch they started in: flipping it
+     * after the mark, then waiting for the old epoch's count, waits for
+     * every issue that may have read the location unmarked, and for none
+     * that started later (those see the mark and wait), so a stream of
+     * operations from other threads cannot hold the migration back.  Once
+     * the count is 0 and the flush is done, no operation to the old
+     * location remains. */
+    int old = atomic_fetch_xor(&ctx->epoch, 1) & 1;
+    while (atomic_load(&ctx->inflight[old]) > 0) {
         ema__xport_idle(ctx->xp);
     }
     return ema__xport_flush(ctx->xp);

@@ -21,7 +21,9 @@ ema_status_t ema__win_ctx_init(ema__win_ctx_t *ctx, ema__xport_t *xp, ema__mem_a
     ctx->rank            = rank;
     ctx->size            = size;
     ctx->seg_size        = arena->seg_size;
-    atomic_init(&ctx->inflight, 0);
+    atomic_init(&ctx->inflight[0], 0);
+    atomic_init(&ctx->inflight[1], 0);
+    atomic_init(&ctx->epoch, 0);
     pthread_mutex_init(&ctx->lock, NULL);
     for (t = 0; t < EMA_TIER_MAX; t++) {
         ctx->exports[t] = calloc((size_t)(unsigned)size, sizeof(ema__mem_export_t));

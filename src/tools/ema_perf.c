@@ -291,15 +291,16 @@ static void perf_fill(void *buf, size_t len, uint64_t salt)
     }
 }
 
-/* Returns the first bad byte offset, or (size_t)-1 if all of @len match. */
-static size_t perf_check(const void *buf, size_t len, uint64_t salt)
+/* Returns the first bad byte offset, or (size_t)-1 if all of @len match
+ * the pattern of @salt with @add added to every word. */
+static size_t perf_check(const void *buf, size_t len, uint64_t salt, uint64_t add)
 {
     const uint64_t *w = buf;
     size_t nw = len / 8;
     for (size_t k = 0; k < nw; k++) {
-        if (w[k] != perf_word(salt, k)) {
+        if (w[k] != perf_word(salt, k) + add) {
             const unsigned char *b = (const unsigned char *)&w[k];
-            uint64_t exp = perf_word(salt, k);
+            uint64_t exp = perf_word(salt, k) + add;
             const unsigned char *e = (const unsigned char *)&exp;
             size_t i = 0;
             while (b[i] == e[i]) i++;
@@ -307,7 +308,7 @@ static size_t perf_check(const void *buf, size_t len, uint64_t salt)
         }
     }
     if (len % 8) {
-        uint64_t last = perf_word(salt, nw);
+        uint64_t last = perf_word(salt, nw) + add;
         const unsigned char *b = (const unsigned char *)buf + nw * 8;
         for (size_t i = 0; i < len % 8; i++) {
             if (b[i] != ((const unsigned char *)&last)[i]) {
@@ -350,17 +351,8 @@ static size_t perf_mem_check(perf_t *p, const void *buf, size_t len, uint64_t sa
                              uint64_t add)
 {
     size_t bad = (size_t)-1;
-    if (!p->gpu && add == 0) {
-        return perf_check(buf, len, salt);
-    }
     if (!p->gpu) {
-        const uint64_t *w = buf;
-        for (size_t k = 0; k < len / 8; k++) {
-            if (w[k] != perf_word(salt, k) + add) {
-                return k * 8;
-            }
-        }
-        return bad;
+        return perf_check(buf, len, salt, add);
     }
     if (perf_gpu_check(buf, len, salt, add, &bad) != 0) {
         perf_die("%s", perf_gpu_error());

@@ -86,8 +86,6 @@ static inline size_t ema_rma_run(ema_win_h win, const ema__win_part_t *part, siz
     return (run < len) ? run : len;
 }
 
-/* A segment is moving: let the migration finish (answering invalidations
- * ourselves if need be), then look again. */
 /* An issue counts in the in-flight count of the epoch it started in: an
  * invalidation flips the epoch and waits only for the old one's count, so
  * operations that start later (and see the segments MOVING) cannot keep it
@@ -104,6 +102,17 @@ static inline void ema_rma_leave(ema__win_ctx_t *ctx, int ep)
     atomic_fetch_sub(&ctx->inflight[ep], 1);
 }
 
+/* An operation handed to UCX: counted for the flushes of @trank (see
+ * ema_win_flush), then out of flight. */
+static inline void ema_rma_issued(ema__win_ctx_t *ctx, int trank, int ep)
+{
+    atomic_fetch_add(&ctx->issued[trank], 1);
+    atomic_fetch_add(&ctx->issued_all, 1);
+    ema_rma_leave(ctx, ep);
+}
+
+/* A segment is moving: let the migration finish (answering invalidations
+ * ourselves if need be), then look again. */
 static int ema_rma_wait_moving(ema__win_ctx_t *ctx, int ep)
 {
     ema_rma_leave(ctx, ep);
@@ -225,10 +234,10 @@ static ema_status_t ema_rma_blocking(ema_win_h win, ema_op_t op, int rank, size_
         }
         ucs_status_ptr_t sp = ema_rma_issue(ctx, op, trank, tier, buf, n, raddr, &param);
         if (op == EMA_OP_PUT) {
-            /* complete at the target only after a flush: count it */
-            atomic_fetch_add(&ctx->nb_issued[trank], 1);
+            ema_rma_issued(ctx, trank, ep); /* complete at the target after a flush */
+        } else {
+            ema_rma_leave(ctx, ep); /* complete when it returns */
         }
-        ema_rma_leave(ctx, ep);
         if (UCS_PTR_IS_ERR(sp)) {
             st = ema__xport_wait(ctx->xp, sp, op == EMA_OP_PUT ? "ucp_put_nbx" : "ucp_get_nbx");
             status = (status == EMA_SUCCESS) ? st : status;
@@ -286,9 +295,7 @@ static ema_status_t ema_rma_nb(ema_win_h win, ema_op_t op, int rank, size_t offs
         param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK;
         param.cb.send      = ema_rma_noop_cb;
         ucs_status_ptr_t sp = ema_rma_issue(ctx, op, trank, tier, buf, n, raddr, &param);
-        /* counted once issued: a flush that sees the count covers it */
-        atomic_fetch_add(&ctx->nb_issued[trank], 1);
-        ema_rma_leave(ctx, ep);
+        ema_rma_issued(ctx, trank, ep);
         if (sp == NULL) {
             *req_p = &ema_req_done;
             return EMA_SUCCESS;
@@ -324,9 +331,7 @@ static ema_status_t ema_rma_nb(ema_win_h win, ema_op_t op, int rank, size_t offs
         }
         atomic_fetch_add(&agg->pending, 1);
         ucs_status_ptr_t sp = ema_rma_issue(ctx, op, trank, tier, buf, n, raddr, &param);
-        /* counted once issued: a flush that sees the count covers it */
-        atomic_fetch_add(&ctx->nb_issued[trank], 1);
-        ema_rma_leave(ctx, ep);
+        ema_rma_issued(ctx, trank, ep);
         if (sp == NULL || UCS_PTR_IS_ERR(sp)) {
             if (UCS_PTR_IS_ERR(sp)) {
                 ema_error("%s failed: %s", op == EMA_OP_PUT ? "ucp_put_nbx" : "ucp_get_nbx",
@@ -491,15 +496,18 @@ EMA_EXPORT ema_status_t ema_win_flush(ema_win_h win, int rank)
     if (nsegs == 0) {
         mask = 1ull << rank;
     }
+    /* Only endpoints with operations issued since their last flush: the
+     * count is read before the flush, so what it counts was issued before
+     * the flush and is covered.  A racing flush may store an older count,
+     * which costs one more flush later. */
     for (int r = 0; mask != 0; r++, mask >>= 1) {
-        uint64_t issued = atomic_load(&win->ctx->nb_issued[r]);
-        if ((mask & 1) && issued != atomic_load(&win->ctx->nb_flushed[r])) {
+        uint64_t issued = atomic_load(&win->ctx->issued[r]);
+        if ((mask & 1) && issued != atomic_load(&win->ctx->flushed[r])) {
             status = ema__xport_flush_ep(win->ctx->xp, r);
             if (status != EMA_SUCCESS) {
                 return status;
             }
-            /* a racing flush may store an older count: one more flush later */
-            atomic_store(&win->ctx->nb_flushed[r], issued);
+            atomic_store(&win->ctx->flushed[r], issued);
         }
     }
     return EMA_SUCCESS;
@@ -515,20 +523,15 @@ EMA_EXPORT ema_status_t ema_win_flush_all(ema_win_h win)
         atomic_thread_fence(memory_order_seq_cst);
         return EMA_SUCCESS;
     }
+    /* As ema_win_flush, with the count over all ranks */
     ema__win_ctx_t *ctx = win->ctx;
-    uint64_t *issued = malloc(sizeof(*issued) * (size_t)(unsigned)ctx->size);
-    int todo = (issued == NULL);
-    for (int r = 0; issued != NULL && r < ctx->size; r++) {
-        issued[r] = atomic_load(&ctx->nb_issued[r]);
-        todo |= issued[r] != atomic_load(&ctx->nb_flushed[r]);
-    }
-    if (todo) {
+    uint64_t issued     = atomic_load(&ctx->issued_all);
+    if (issued != atomic_load(&ctx->flushed_all)) {
         status = ema__xport_flush(ctx->xp);
+        if (status == EMA_SUCCESS) {
+            atomic_store(&ctx->flushed_all, issued);
+        }
     }
-    for (int r = 0; todo && status == EMA_SUCCESS && issued != NULL && r < ctx->size; r++) {
-        atomic_store(&ctx->nb_flushed[r], issued[r]);
-    }
-    free(issued);
     return status;
 }
 

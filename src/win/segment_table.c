@@ -55,7 +55,7 @@ ema_status_t ema__win_seg_map_many(ema_win_h win, uint32_t idx, ema__loc_t loc, 
     return arena->ops->map_many(arena, exp, EMA_LOC_SEG(loc), count, handle, at);
 }
 
-ema_status_t ema__win_seg_unmap_range(ema_win_h win, uint32_t first, uint32_t count)
+ema_status_t ema__win_seg_unmap(ema_win_h win, uint32_t first, uint32_t count)
 {
     ema__mem_arena_t *arena = win->ctx->tier[EMA_TIER_DEVICE];
     if (count == 0) {
@@ -65,10 +65,6 @@ ema_status_t ema__win_seg_unmap_range(ema_win_h win, uint32_t first, uint32_t co
                              (size_t)count * win->ctx->seg_size);
 }
 
-void ema__win_seg_unmap(ema_win_h win, uint32_t first, uint32_t count)
-{
-    ema__win_seg_unmap_range(win, first, count);
-}
 
 /*
  * Move a batch of segments of the own part to new memory where the window's
@@ -176,7 +172,7 @@ ema_status_t ema__win_seg_move_batch(ema_win_h win, const uint32_t *idx, const e
             /* cuda cannot map over a mapping; on host MAP_FIXED replaces
              * it in one step, with no moment where the range is unmapped */
             if (dev->ops->kind != EMA_MEMORY_KIND_HOST) {
-                status = ema__win_seg_unmap_range(win, idx[f], run->count);
+                status = ema__win_seg_unmap(win, idx[f], run->count);
             }
             if (status == EMA_SUCCESS) {
                 status = ema__win_seg_map_many(win, idx[f], loc[f], run->count, hdl[f]);

@@ -43,9 +43,11 @@ ema_status_t ema__win_ctx_init(ema__win_ctx_t *ctx, ema__xport_t *xp, ema__mem_a
             goto err;
         }
     }
-    ctx->nb_issued  = calloc((size_t)(unsigned)size, sizeof(*ctx->nb_issued));
-    ctx->nb_flushed = calloc((size_t)(unsigned)size, sizeof(*ctx->nb_flushed));
-    if (ctx->nb_issued == NULL || ctx->nb_flushed == NULL) {
+    ctx->issued  = calloc((size_t)(unsigned)size, sizeof(*ctx->issued));
+    ctx->flushed = calloc((size_t)(unsigned)size, sizeof(*ctx->flushed));
+    atomic_init(&ctx->issued_all, 0);
+    atomic_init(&ctx->flushed_all, 0);
+    if (ctx->issued == NULL || ctx->flushed == NULL) {
         status = EMA_ERR_NO_MEMORY;
         goto err;
     }
@@ -189,10 +191,10 @@ void ema__win_ctx_cleanup(ema__win_ctx_t *ctx)
         free(ctx->exports[t]);
         ctx->exports[t] = NULL;
     }
-    free(ctx->nb_issued);
-    free(ctx->nb_flushed);
-    ctx->nb_issued  = NULL;
-    ctx->nb_flushed = NULL;
+    free(ctx->issued);
+    free(ctx->flushed);
+    ctx->issued  = NULL;
+    ctx->flushed = NULL;
     pthread_mutex_destroy(&ctx->lock);
 }
 

@@ -81,11 +81,14 @@ typedef struct ema__win_ctx {
      * the target's CPU dereferences the device pointer): the rank holding
      * the word performs them, serialized by amo_lock (ema__win_amo). */
     int                amo_by_holder;
-    /* Puts and non-blocking gets issued to each rank, and how many of
-     * those a flush has completed: a flush with nothing to complete (after
-     * blocking gets, say) costs nothing. */
-    _Atomic uint64_t  *nb_issued;  /* [size] */
-    _Atomic uint64_t  *nb_flushed; /* [size] */
+    /* Operations a flush must complete (puts, non-blocking gets) issued to
+     * each rank and to all, and how many of those a flush has completed: a
+     * flush with nothing to complete (after blocking gets, say) costs
+     * nothing. */
+    _Atomic uint64_t  *issued;  /* [size] */
+    _Atomic uint64_t  *flushed; /* [size] */
+    _Atomic uint64_t   issued_all;
+    _Atomic uint64_t   flushed_all;
     pthread_mutex_t    amo_lock;
     pthread_mutex_t    lock;      /* the window list */
     struct ema_win    *wins;      /* live windows */
@@ -181,9 +184,8 @@ void         ema__win_seg_copy(ema__win_ctx_t *ctx, ema__loc_t dst, ema__loc_t s
 ema_status_t ema__win_seg_map_many(ema_win_h win, uint32_t idx, ema__loc_t loc, uint32_t count,
                                    int64_t handle);
 /* Unmap segments [first, first+count) of the own part, keeping the
- * reservation; the second reports failure. */
-ema_status_t ema__win_seg_unmap_range(ema_win_h win, uint32_t first, uint32_t count);
-void         ema__win_seg_unmap(ema_win_h win, uint32_t first, uint32_t count);
+ * reservation. */
+ema_status_t ema__win_seg_unmap(ema_win_h win, uint32_t first, uint32_t count);
 
 /* Mark [first, first+count) of @part MOVING in this rank's cache and wait
  * until no RMA issued before is still in flight (flushes the worker). */

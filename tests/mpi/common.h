@@ -86,11 +86,16 @@ static void ema_t_crash(int sig)
     raise(sig);
 }
 
-static inline void ema_test_init(const char *prog)
+static inline void ema_t_catch_crashes(void)
 {
     signal(SIGSEGV, ema_t_crash);
     signal(SIGBUS, ema_t_crash);
     signal(SIGABRT, ema_t_crash);
+}
+
+static inline void ema_test_init(const char *prog)
+{
+    ema_t_catch_crashes();
     ema_t_current = prog;
     T_OK(ema_init(NULL));
     T_OK(ema_world_rank(&ema_t_rank));

@@ -81,7 +81,11 @@
     _F(cuStreamCreate, cuStreamCreate, PFN_cuStreamCreate_v2000) \
     _F(cuStreamDestroy, cuStreamDestroy_v2, PFN_cuStreamDestroy_v4000) \
     _F(cuStreamSynchronize, cuStreamSynchronize, PFN_cuStreamSynchronize_v2000) \
-    _F(cuMemcpyAsync, cuMemcpyAsync, PFN_cuMemcpyAsync_v4000)
+    _F(cuMemcpyAsync, cuMemcpyAsync, PFN_cuMemcpyAsync_v4000) \
+    _F(cuEventCreate, cuEventCreate, PFN_cuEventCreate_v2000) \
+    _F(cuEventRecord, cuEventRecord, PFN_cuEventRecord_v2000) \
+    _F(cuEventSynchronize, cuEventSynchronize, PFN_cuEventSynchronize_v2000) \
+    _F(cuEventDestroy, cuEventDestroy_v2, PFN_cuEventDestroy_v4000)
 
 #define EMA_CUDA_FIELD(_name, _abi, _type) _type _name;
 static struct {
@@ -719,6 +723,49 @@ static ema_status_t ema_cuda_copy_wait(ema__mem_arena_t *arena)
     return ema_cu_status(res);
 }
 
+/* A mark is an event recorded on the copy stream; created per mark (about
+ * a microsecond), since migrations may run on several threads at once. */
+static ema_status_t ema_cuda_copy_mark(ema__mem_arena_t *arena, void **mark_p)
+{
+    ema_cuda_arena_t *ca = arena->priv;
+    ema_status_t status = ema_cuda_ctx_set(ca);
+    CUevent ev;
+    CUresult res;
+
+    *mark_p = NULL;
+    if (status != EMA_SUCCESS) {
+        return status;
+    }
+    EMA_CU_CALL(res, cuEventCreate, &ev, CU_EVENT_DISABLE_TIMING);
+    if (res != CUDA_SUCCESS) {
+        return ema_cu_status(res);
+    }
+    EMA_CU_CALL(res, cuEventRecord, ev, ca->stream);
+    if (res != CUDA_SUCCESS) {
+        ema_cu.cuEventDestroy(ev);
+        return ema_cu_status(res);
+    }
+    *mark_p = ev;
+    return EMA_SUCCESS;
+}
+
+static ema_status_t ema_cuda_copy_wait_mark(ema__mem_arena_t *arena, void *mark)
+{
+    ema_cuda_arena_t *ca = arena->priv;
+    ema_status_t status = ema_cuda_ctx_set(ca);
+    CUresult res;
+
+    if (mark == NULL) {
+        return (status == EMA_SUCCESS) ? ema_cuda_copy_wait(arena) : status;
+    }
+    if (status == EMA_SUCCESS) {
+        EMA_CU_CALL(res, cuEventSynchronize, (CUevent)mark);
+        status = ema_cu_status(res);
+    }
+    ema_cu.cuEventDestroy((CUevent)mark);
+    return status;
+}
+
 const ema__mem_ops_t ema__mem_cuda_ops = {
     .size                 = sizeof(ema__mem_ops_t),
     .name                 = "cuda",
@@ -738,4 +785,6 @@ const ema__mem_ops_t ema__mem_cuda_ops = {
     .copy                 = ema_cuda_copy,
     .copy_start           = ema_cuda_copy_start,
     .copy_wait            = ema_cuda_copy_wait,
+    .copy_mark            = ema_cuda_copy_mark,
+    .copy_wait_mark       = ema_cuda_copy_wait_mark,
 };

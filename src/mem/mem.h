@@ -70,6 +70,11 @@ typedef struct ema__mem_ops {
      * return; copy_wait waits for every copy queued. */
     ema_status_t (*copy_start)(ema__mem_arena_t *arena, void *dst, const void *src, size_t len);
     ema_status_t (*copy_wait)(ema__mem_arena_t *arena);
+    /* Optional, with copy_start: a mark behind the copies queued so far
+     * (*mark_p), and a wait for the copies before it, which also frees it.
+     * A migration remaps what is copied while the copies after it run. */
+    ema_status_t (*copy_mark)(ema__mem_arena_t *arena, void **mark_p);
+    ema_status_t (*copy_wait_mark)(ema__mem_arena_t *arena, void *mark);
 } ema__mem_ops_t;
 
 struct ema__mem_arena {

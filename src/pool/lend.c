@@ -26,6 +26,7 @@
 #include "pool.h"
 
 #include "topo/topo.h"
+#include "util/clock.h"
 #include "util/log.h"
 
 #include <stdlib.h>
@@ -65,13 +66,6 @@ typedef struct {
 } ema_pool_job_t;
 
 ema__pool_t *ema__pool_world;
-
-static double ema_pool_now_us(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec / 1e3;
-}
 
 static ema_status_t ema_pool_send(ema__pool_t *pool, int peer, const ema_pool_msg_t *m,
                                   const void *payload, size_t plen)
@@ -648,7 +642,7 @@ ema_status_t ema__pool_migrate_batch(ema__pool_t *pool, ema_win_h win, uint32_t 
 
     /* 4. copy, and map the new memory at the same addresses */
     uint32_t ok = 0;
-    double tm0 = ema_pool_now_us(), tm_copy = 0;
+    double tm0 = ema__now_us(), tm_copy = 0;
     if (pool->win->direct) {
         /* One copy per run contiguous in the old and the new memory,
          * between this rank's mappings of both (a large memcpy streams past
@@ -665,7 +659,7 @@ ema_status_t ema__pool_migrate_batch(ema__pool_t *pool, ema_win_h win, uint32_t 
             ema__win_seg_copy(pool->win, loc[i], old[i], j - i);
             i = j;
         }
-        tm_copy = ema_pool_now_us();
+        tm_copy = ema__now_us();
         ema_pool_remap_main(&rm);
         ok     = rm.ok;
         status = rm.status;
@@ -673,7 +667,7 @@ ema_status_t ema__pool_migrate_batch(ema__pool_t *pool, ema_win_h win, uint32_t 
     } else {
         status = ema__win_seg_move_batch(win, idx, loc, hdl, n, &ok);
     }
-    double tm1 = ema_pool_now_us();
+    double tm1 = ema__now_us();
     /* 5. the new locations (the old ones where a copy failed: that data is
      * intact, still mapped there), in one round of updates */
     for (i = 0; i < n; i++) {
@@ -684,13 +678,13 @@ ema_status_t ema__pool_migrate_batch(ema__pool_t *pool, ema_win_h win, uint32_t 
         ema__win_publish(win, first[r], count[r]);
     }
     /* 6. give the old memory back, one message per lender */
-    double tm2 = ema_pool_now_us();
+    double tm2 = ema__now_us();
     ema_pool_release_many(pool, old, ok);
     ema_pool_release_many(pool, loc + ok, n - ok);
     atomic_fetch_add(&pool->bytes_migrated, (uint64_t)ok * seg);
     ema_debug("moved %u segments of window %u: copy %.0f us, remap %.0f us, update %.0f us, "
               "give back %.0f us", ok, win->id, tm_copy ? tm_copy - tm0 : tm1 - tm0,
-              tm_copy ? tm1 - tm_copy : 0, tm2 - tm1, ema_pool_now_us() - tm2);
+              tm_copy ? tm1 - tm_copy : 0, tm2 - tm1, ema__now_us() - tm2);
 out:
     free(old);
     free(loc);
@@ -792,7 +786,7 @@ out:
  */
 ema_status_t ema__pool_reclaim(ema__pool_t *pool, uint32_t target, uint64_t timeout_ms)
 {
-    double t0 = ema_pool_now_us();
+    double t0 = ema__now_us();
     uint32_t nsegs = pool->arena->pool.nsegs, sent = 0, idle = 0;
     ema_status_t status = EMA_SUCCESS;
     uint32_t *segs = malloc(sizeof(uint32_t) * (nsegs ? nsegs : 1));
@@ -843,7 +837,7 @@ ema_status_t ema__pool_reclaim(ema__pool_t *pool, uint32_t target, uint64_t time
             sent += n;
         }
         if (timeout_ms != EMA_TIMEOUT_INFINITE &&
-            ema_pool_now_us() - t0 > (double)timeout_ms * 1e3) {
+            ema__now_us() - t0 > (double)timeout_ms * 1e3) {
             status = EMA_ERR_TIMEOUT;
             if (ema__log_level >= EMA_LOG_DEBUG) {
                 pthread_mutex_lock(&pool->lock);
@@ -882,7 +876,7 @@ ema_status_t ema__pool_reclaim(ema__pool_t *pool, uint32_t target, uint64_t time
         }
     }
     free(segs);
-    double us = ema_pool_now_us() - t0;
+    double us = ema__now_us() - t0;
     if (sent > 0) {
         atomic_fetch_add(&pool->reclaims, 1);
         pool->reclaim_last_us = us;

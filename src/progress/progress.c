@@ -1,5 +1,6 @@
 #include "progress.h"
 
+#include "util/clock.h"
 #include "util/config.h"
 #include "util/log.h"
 
@@ -22,6 +23,11 @@ const ema_config_field_t ema__progress_config_table[] = {
      "empty polls, each followed by sched_yield, before the progress thread sleeps on "
      "UCX's event fd",
      EMA_PROGRESS_CFG(yield), &ema__config_uint},
+    {"PROGRESS_HOLDOFF", "20",
+     "microseconds the progress thread leaves the UCX worker alone after an application "
+     "thread last used it (0: never); an application that keeps calling EMA progresses the "
+     "worker itself, and the thread taking the worker's lock between its calls delays them",
+     EMA_PROGRESS_CFG(holdoff), &ema__config_uint},
     EMA_CONFIG_TABLE_END};
 
 unsigned ema__progress_once(ema__progress_t *pg)
@@ -32,12 +38,31 @@ unsigned ema__progress_once(ema__progress_t *pg)
 }
 
 /* The thread's pass: while an application thread is itself progressing
- * the worker (waiting on a request), taking the worker's lock too would
- * only slow it down. */
+ * the worker (issuing, or waiting on a request), taking the worker's lock
+ * too would only slow it down.  Nor does the thread pounce on the gap
+ * between two of the application's calls: a pass over the worker polls
+ * every transport (a CUDA event query per stream on the cuda kind) under
+ * the lock, and an application issuing its next put found the lock taken
+ * at almost every call, about a microsecond each time.  So the thread
+ * touches the worker only once no application thread has left it for
+ * EMA_PROGRESS_HOLDOFF microseconds; control messages arriving meanwhile
+ * are served by the application's own progress. */
 static unsigned ema_progress_thread_once(ema__progress_t *pg)
 {
-    if (atomic_load_explicit(&pg->xp->app_waiters, memory_order_relaxed) > 0) {
-        return (unsigned)ema__xport_run_deferred(pg->xp, 0);
+    ema__xport_t *xp = pg->xp;
+    if (atomic_load_explicit(&xp->app_waiters, memory_order_relaxed) > 0) {
+        return (unsigned)ema__xport_run_deferred(xp, 0);
+    }
+    if (pg->cfg.holdoff > 0) {
+        unsigned gen = atomic_load_explicit(&xp->app_gen, memory_order_relaxed);
+        double now   = ema__now_us();
+        if (gen != pg->app_gen) {
+            pg->app_gen  = gen;
+            pg->app_seen = now;
+        }
+        if (now - pg->app_seen < (double)pg->cfg.holdoff) {
+            return (unsigned)ema__xport_run_deferred(xp, 0);
+        }
     }
     return ema__progress_once(pg);
 }
@@ -87,8 +112,10 @@ static void *ema_progress_main(void *arg)
 
 ema_status_t ema__progress_start(ema__progress_t *pg, ema__xport_t *xp)
 {
-    pg->xp      = xp;
-    pg->running = 0;
+    pg->xp       = xp;
+    pg->running  = 0;
+    pg->app_gen  = 0;
+    pg->app_seen = 0;
     atomic_init(&pg->stop, 0);
     if (!pg->cfg.thread) {
         ema_debug("progress thread disabled: the application must call ema_progress()");

@@ -20,6 +20,7 @@ typedef struct ema__progress_config {
     int      thread; /* run the progress thread */
     unsigned spin;   /* empty polls before yielding */
     unsigned yield;  /* then empty polls with sched_yield before sleeping */
+    unsigned holdoff; /* us off the worker after an application thread used it */
 } ema__progress_config_t;
 
 extern const ema_config_field_t ema__progress_config_table[];
@@ -30,6 +31,8 @@ typedef struct ema__progress {
     pthread_t              thread;
     int                    running;
     atomic_int             stop;
+    unsigned               app_gen;  /* xp->app_gen when last seen to change */
+    double                 app_seen; /* and when (ema__now_us) */
 } ema__progress_t;
 
 ema_status_t ema__progress_start(ema__progress_t *pg, ema__xport_t *xp);

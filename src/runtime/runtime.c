@@ -445,7 +445,11 @@ EMA_EXPORT ema_status_t ema_progress(void)
     if (status != EMA_SUCCESS) {
         return status;
     }
-    return ema__progress_once(&ema_world.progress) ? EMA_SUCCESS : EMA_INPROGRESS;
+    /* an application thread on the worker, as in a wait */
+    ema__xport_app_enter(&ema_world.xp);
+    unsigned n = ema__progress_once(&ema_world.progress);
+    ema__xport_app_leave(&ema_world.xp);
+    return n ? EMA_SUCCESS : EMA_INPROGRESS;
 }
 
 EMA_EXPORT ema_status_t ema_config_print(FILE *stream)

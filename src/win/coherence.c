@@ -271,6 +271,7 @@ void ema__win_coherence_init(ema__win_ctx_t *ctx)
 {
     pthread_mutex_init(&ctx->amo_lock, NULL);
     ctx->amo_by_holder = ctx->tier[EMA_TIER_DEVICE]->ops->kind == EMA_MEMORY_KIND_CUDA;
+    ctx->put_flush     = ctx->tier[EMA_TIER_DEVICE]->ops->kind == EMA_MEMORY_KIND_CUDA;
     ema__xport_set_am_handler(ctx->xp, EMA_AM_WIN, ema_win_am, ctx);
 }
 

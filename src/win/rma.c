@@ -220,12 +220,15 @@ static ema_status_t ema_rma_blocking(ema_win_h win, ema_op_t op, int rank, size_
     ema_status_t status = EMA_SUCCESS, st;
     int nreqs = 0, trank, tier, ep;
     uint64_t raddr;
+    /* the ranks this put went to (ctx->put_flush), for their flushes */
+    int fl_rank[4], nfl = 0, fl_ok = (op == EMA_OP_PUT && ctx->put_flush);
+    uint64_t fl_count[4];
 
     param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK;
     param.cb.send      = ema_rma_noop_cb;
     /* The whole operation counts as a wait: the progress thread leaves the
      * worker (and its lock) to this thread meanwhile. */
-    atomic_fetch_add_explicit(&ctx->xp->app_waiters, 1, memory_order_relaxed);
+    ema__xport_app_enter(ctx->xp);
     while (len > 0) {
         size_t n = ema_rma_enter(win, part, offset, len, &trank, &tier, &raddr, &ep);
         if (n == 0) {
@@ -235,6 +238,18 @@ static ema_status_t ema_rma_blocking(ema_win_h win, ema_op_t op, int rank, size_
         ucs_status_ptr_t sp = ema_rma_issue(ctx, op, trank, tier, buf, n, raddr, &param);
         if (op == EMA_OP_PUT) {
             ema_rma_issued(ctx, trank, ep); /* complete at the target after a flush */
+            if (fl_ok && (nfl == 0 || fl_rank[nfl - 1] != trank)) {
+                int i = 0;
+                while (i < nfl && fl_rank[i] != trank) {
+                    i++;
+                }
+                if (i == nfl) {
+                    fl_ok = (nfl < (int)(sizeof(fl_rank) / sizeof(fl_rank[0])));
+                    if (fl_ok) {
+                        fl_rank[nfl++] = trank;
+                    }
+                }
+            }
         } else {
             ema_rma_leave(ctx, ep); /* complete when it returns */
         }
@@ -255,11 +270,28 @@ static ema_status_t ema_rma_blocking(ema_win_h win, ema_op_t op, int rank, size_
         offset += n;
         len -= n;
     }
+    /* The flush of each target, issued now and waited for with the puts:
+     * what the count says was issued before it, it completes. */
+    fl_ok = fl_ok && status == EMA_SUCCESS;
+    for (int i = 0; fl_ok && i < nfl; i++) {
+        ucs_status_ptr_t sp;
+        fl_count[i] = atomic_load(&ctx->issued[fl_rank[i]]);
+        sp          = ucp_ep_flush_nbx(ctx->xp->eps[fl_rank[i]], &param);
+        if (UCS_PTR_IS_ERR(sp) || nreqs == (int)(sizeof(reqs) / sizeof(reqs[0]))) {
+            st     = ema__xport_wait(ctx->xp, sp, "ucp_ep_flush_nbx");
+            status = (status == EMA_SUCCESS) ? st : status;
+        } else if (sp != NULL) {
+            reqs[nreqs++] = sp;
+        }
+    }
     for (int i = 0; i < nreqs; i++) {
         st     = ema__xport_wait(ctx->xp, reqs[i], op == EMA_OP_PUT ? "ucp_put_nbx" : "ucp_get_nbx");
         status = (status == EMA_SUCCESS) ? st : status;
     }
-    atomic_fetch_sub_explicit(&ctx->xp->app_waiters, 1, memory_order_relaxed);
+    for (int i = 0; fl_ok && status == EMA_SUCCESS && i < nfl; i++) {
+        atomic_store(&ctx->flushed[fl_rank[i]], fl_count[i]);
+    }
+    ema__xport_app_leave(ctx->xp);
     return status;
 }
 
@@ -448,7 +480,10 @@ EMA_EXPORT ema_status_t ema_test(ema_request_h req)
     }
     status = ema_req_poll(req);
     if (status == EMA_INPROGRESS) {
-        ema__xport_progress(req->xp);
+        ema__xport_t *xp = req->xp;
+        ema__xport_app_enter(xp);
+        ema__xport_progress(xp);
+        ema__xport_app_leave(xp);
         status = ema_req_poll(req);
     }
     return status;
@@ -460,12 +495,17 @@ EMA_EXPORT ema_status_t ema_wait(ema_request_h req)
     if (status != EMA_SUCCESS) {
         return status;
     }
-    ema__xport_t *xp = req->xp;
+    ema__xport_t *xp = req->xp; /* NULL for a request born complete */
+    if ((status = ema_req_poll(req)) != EMA_INPROGRESS) {
+        return status;
+    }
+    ema__xport_app_enter(xp);
     while ((status = ema_req_poll(req)) == EMA_INPROGRESS) {
         if (ema__xport_progress(xp) == 0) {
             ema__xport_idle(xp);
         }
     }
+    ema__xport_app_leave(xp);
     return status;
 }
 

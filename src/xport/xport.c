@@ -103,13 +103,13 @@ ema_status_t ema__xport_wait(ema__xport_t *xp, ucs_status_ptr_t sp, const char *
         ema_error("%s failed: %s", what, ucs_status_string(status));
         return ema__xport_status(status);
     }
-    atomic_fetch_add_explicit(&xp->app_waiters, 1, memory_order_relaxed);
+    ema__xport_app_enter(xp);
     while ((status = ucp_request_check_status(sp)) == UCS_INPROGRESS) {
         if (ucp_worker_progress(xp->worker) == 0) {
             ema__xport_idle(xp);
         }
     }
-    atomic_fetch_sub_explicit(&xp->app_waiters, 1, memory_order_relaxed);
+    ema__xport_app_leave(xp);
     ucp_request_free(sp);
     if (status != UCS_OK) {
         ema_error("%s failed: %s", what, ucs_status_string(status));
@@ -205,6 +205,7 @@ ema_status_t ema__xport_create(ema__xport_t *xp, int rank, int size)
     ema__xport_coll_init(xp);
     pthread_mutex_init(&xp->defer_lock, NULL);
     atomic_init(&xp->app_waiters, 0);
+    atomic_init(&xp->app_gen, 0);
     for (int q = 0; q < 2; q++) {
         xp->defer_head[q] = NULL;
         xp->defer_tail[q] = &xp->defer_head[q];
@@ -508,7 +509,12 @@ ema_status_t ema__xport_flush_ep(ema__xport_t *xp, int peer)
     ucp_request_param_t param;
     param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK;
     param.cb.send      = ema_xport_send_cb;
-    return ema__xport_wait(xp, ucp_ep_flush_nbx(xp->eps[peer], &param), "ucp_ep_flush_nbx");
+    /* held from the issue on: the flush takes the worker's lock too */
+    ema__xport_app_enter(xp);
+    ema_status_t status = ema__xport_wait(xp, ucp_ep_flush_nbx(xp->eps[peer], &param),
+                                          "ucp_ep_flush_nbx");
+    ema__xport_app_leave(xp);
+    return status;
 }
 
 ema_status_t ema__xport_flush(ema__xport_t *xp)
@@ -516,8 +522,11 @@ ema_status_t ema__xport_flush(ema__xport_t *xp)
     ucp_request_param_t param;
     param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK;
     param.cb.send      = ema_xport_send_cb;
-    return ema__xport_wait(xp, ucp_worker_flush_nbx(xp->worker, &param),
-                           "ucp_worker_flush_nbx");
+    ema__xport_app_enter(xp);
+    ema_status_t status = ema__xport_wait(xp, ucp_worker_flush_nbx(xp->worker, &param),
+                                          "ucp_worker_flush_nbx");
+    ema__xport_app_leave(xp);
+    return status;
 }
 
 void ema__xport_defer(ema__xport_t *xp, int quick, ema__defer_cb cb, void *arg)

@@ -85,8 +85,11 @@ typedef struct ema__xport {
     atomic_int       defer_count[2];
 
     /* application threads blocked on a UCX request: the progress thread
-     * leaves the worker to them meanwhile (no lock contention) */
+     * leaves the worker to them meanwhile (no lock contention); app_gen
+     * counts their exits, so the thread also stays off the worker while an
+     * application keeps calling (see ema_progress_thread_once) */
     atomic_int       app_waiters;
+    atomic_uint      app_gen;
 
     char             transports[256]; /* as UCX reports them, for ema_info */
 } ema__xport_t;
@@ -104,6 +107,19 @@ typedef struct ema__xport_mr {
     ucp_rkey_h **rkeys;    /* [size][nreg] */
     uint64_t    *bases;    /* [size] */
 } ema__xport_mr_t;
+
+/* An application thread starts or stops using the worker (issuing or
+ * waiting); the progress thread keeps off it meanwhile. */
+static inline void ema__xport_app_enter(ema__xport_t *xp)
+{
+    atomic_fetch_add_explicit(&xp->app_waiters, 1, memory_order_relaxed);
+}
+
+static inline void ema__xport_app_leave(ema__xport_t *xp)
+{
+    atomic_fetch_add_explicit(&xp->app_gen, 1, memory_order_relaxed);
+    atomic_fetch_sub_explicit(&xp->app_waiters, 1, memory_order_relaxed);
+}
 
 /* The key for @raddr in @peer's registered memory. */
 static inline ucp_rkey_h ema__xport_mr_rkey(const ema__xport_mr_t *mr, int peer, uint64_t raddr)

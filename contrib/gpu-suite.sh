@@ -12,7 +12,8 @@
 #   3. every test program of tests/mpi on 2 and 4 ranks sharing the GPU(s),
 #      under mpirun --timeout, with the cuda memory kind;
 #   4. examples/cuda_window on 1, 2 and 4 ranks; 5. ema_perf on 2 ranks (CSV).
-# Each rank gets EMA_DEVICE_MEMORY=1G unless it is set (ema_perf: 10G).
+# Each rank gets EMA_DEVICE_MEMORY=2G unless it is set (ema_perf: 10G): 16
+# segments of the default 128 MiB.
 # Check is not needed: configure skips the unit tests without it.
 # Everything is logged to ${OUT:-.}/gpu-suite.log; the last line is
 # "N passed, N failed" (and skipped).  Exit status 0 only if nothing failed.
@@ -130,7 +131,7 @@ step make make -C "$build" -j"$jobs" || summary
 step "make test programs" make -C "$build" -j"$jobs" check TESTS= || summary
 
 # --- runs -------------------------------------------------------------------
-export EMA_MEMORY_KIND=cuda EMA_DEVICE_MEMORY=${EMA_DEVICE_MEMORY:-1G}
+export EMA_MEMORY_KIND=cuda EMA_DEVICE_MEMORY=${EMA_DEVICE_MEMORY:-2G}
 export UCX_CUDA_IPC_ENABLE_GET_ZCOPY=y
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 # Every EMA_* and UCX_* variable set here reaches every rank.

@@ -24,7 +24,7 @@ const ema_config_field_t ema__runtime_config_table[] = {
      EMA_RT_CFG(device_memory), &ema__config_size},
     {"SEGMENT_SIZE", "auto",
      "size of the segments windows are made of and lent in (auto: 2M on host, "
-     "64M on cuda, where each VMM map costs ~50 us whatever the size)",
+     "128M on cuda, where each VMM remap costs ~80 us whatever the size)",
      EMA_RT_CFG(segment_size), &ema__config_size_auto},
     {"HUGEPAGES", "y",
      "host kind: back each rank's memory with 2 MiB huge pages when enough are reserved "

@@ -1127,11 +1127,38 @@ static void test_peer_lookup_not_blocked_by_held_range(void)
 /* ------------------------------------------------------------------------ */
 
 #define CHUNK 32 /* bytes per put: 4 sequence-numbered words */
+/* At most this many puts in the stream (about 3 s at the 10 us a small put
+ * from host memory costs on cuda): with large segments, chunks are spread
+ * at a stride over every segment instead of covering them. */
+#define RACE_CHUNKS ((size_t)1 << 18)
 
 /* The value word @j of chunk @k gets (written once, in stream order). */
 static uint64_t seqval(size_t k, size_t j)
 {
     return 0xb000000000000000ull | ((uint64_t)(k + 1) << 8) | (uint64_t)j;
+}
+
+/* The layout of the stream: chunk k lies in segment k % nb, at
+ * ((k / nb) * stride) into it, so consecutive puts visit every segment. */
+typedef struct {
+    size_t own, nb, per_seg, stride;
+} race_layout_t;
+
+static size_t race_off(const race_layout_t *l, size_t k)
+{
+    return l->own + (k % l->nb) * SEG + (k / l->nb) * l->stride;
+}
+
+/* What byte @off of the borrowed range holds after the race: a chunk's
+ * word, or pattern 50 between chunks. */
+static uint64_t race_expect(const race_layout_t *l, size_t off)
+{
+    size_t in = (off - l->own) % SEG, seg = (off - l->own) / SEG;
+    size_t c = in / l->stride, j = (in % l->stride) / 8;
+    if (c < l->per_seg && (in % l->stride) < CHUNK) {
+        return seqval(c * l->nb + seg, j);
+    }
+    return wpat(50, off / 8);
 }
 
 static void test_put_get_racing_migration_lose_no_word(void)
@@ -1157,9 +1184,13 @@ static void test_put_get_racing_migration_lose_no_word(void)
     gather_mem_stats(st);
     int L = top_lender(st), W = other_rank(L, 0), R = other_rank(L, 1);
     size_t lent = st[L].bytes_lent, take = st[L].bytes_free + st[L].bytes_lent;
-    size_t nchunks = nb * SEG / CHUNK;
-    /* chunk k lies in segment k % nb, so consecutive puts visit every segment */
-#define CHUNK_OFF(k) (g.own + ((k) % nb) * SEG + ((k) / nb) * CHUNK)
+    race_layout_t lay = {g.own, nb, SEG / CHUNK, 0};
+    if (lay.per_seg > RACE_CHUNKS / nb) {
+        lay.per_seg = RACE_CHUNKS / nb;
+    }
+    lay.stride = SEG / lay.per_seg / CHUNK * CHUNK;
+    size_t nchunks = lay.per_seg * nb;
+#define CHUNK_OFF(k) race_off(&lay, (k))
     double w0 = 0, w1 = 0, r0 = 0, r1 = 0;
     uint64_t reads = 0;
 
@@ -1249,30 +1280,27 @@ static void test_put_get_racing_migration_lose_no_word(void)
         /* plain loads on host; one ema_get to itself on cuda */
         const uint64_t *w = (const uint64_t *)own_view(g.win, g.base, g.own, nb * SEG);
         size_t bad = 0;
-        for (size_t k = 0; k < nchunks; k++) {
-            for (size_t j = 0; j < CHUNK / 8; j++) {
-                uint64_t v = w[(CHUNK_OFF(k) - g.own) / 8 + j];
-                if (v != seqval(k, j)) {
-                    if (bad++ < 3) {
-                        fprintf(stderr, "rank 0: chunk %zu word %zu (byte %zu) holds %#" PRIx64
-                                ", expected %#" PRIx64 "%s\n", k, j, CHUNK_OFF(k) + j * 8, v,
-                                seqval(k, j), v == wpat(50, CHUNK_OFF(k) / 8 + j) ?
-                                " (the put was lost)" : "");
-                    }
+        for (size_t i = 0; i < nb * SEG / 8; i++) {
+            size_t off = g.own + i * 8;
+            uint64_t e = race_expect(&lay, off);
+            if (w[i] != e) {
+                if (bad++ < 3) {
+                    fprintf(stderr, "rank 0: byte %zu holds %#" PRIx64 ", expected %#" PRIx64
+                            "%s\n", off, w[i], e, w[i] == wpat(50, off / 8) ?
+                            " (the put was lost)" : "");
                 }
             }
         }
-        T_EXPECT(bad == 0, "%zu of %zu words lost or torn", bad, nchunks * CHUNK / 8);
+        T_EXPECT(bad == 0, "%zu of %zu words lost or torn (%zu chunks written)", bad,
+                 nb * SEG / 8, nchunks);
         check_local(g.win, g.base, 0, g.own, 50, "owner's local part");
     }
     if (ema_t_rank == R) {
         uint64_t *buf = t_malloc(nb * SEG);
         size_t bad = 0;
         T_STATUS(ema_get(g.win, 0, g.own, buf, nb * SEG), EMA_SUCCESS);
-        for (size_t k = 0; k < nchunks; k++) {
-            for (size_t j = 0; j < CHUNK / 8; j++) {
-                bad += buf[(CHUNK_OFF(k) - g.own) / 8 + j] != seqval(k, j);
-            }
+        for (size_t i = 0; i < nb * SEG / 8; i++) {
+            bad += buf[i] != race_expect(&lay, g.own + i * 8);
         }
         T_EXPECT(bad == 0, "%zu words wrong through ema_get after the race", bad);
         free(buf);

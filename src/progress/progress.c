@@ -50,11 +50,12 @@ unsigned ema__progress_once(ema__progress_t *pg)
 static unsigned ema_progress_thread_once(ema__progress_t *pg)
 {
     ema__xport_t *xp = pg->xp;
-    if (atomic_load_explicit(&xp->app_waiters, memory_order_relaxed) > 0) {
+    uint64_t app = atomic_load_explicit(&xp->app_state, memory_order_relaxed);
+    if (app & EMA_XPORT_APP_MASK) {
         return (unsigned)ema__xport_run_deferred(xp, 0);
     }
     if (pg->cfg.holdoff > 0) {
-        unsigned gen = atomic_load_explicit(&xp->app_gen, memory_order_relaxed);
+        uint64_t gen = app / EMA_XPORT_APP_EXIT;
         double now   = ema__now_us();
         if (gen != pg->app_gen) {
             pg->app_gen  = gen;

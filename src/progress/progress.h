@@ -31,7 +31,7 @@ typedef struct ema__progress {
     pthread_t              thread;
     int                    running;
     atomic_int             stop;
-    unsigned               app_gen;  /* xp->app_gen when last seen to change */
+    uint64_t               app_gen;  /* xp's exit count when last seen to change */
     double                 app_seen; /* and when (ema__now_us) */
 } ema__progress_t;
 

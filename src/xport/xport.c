@@ -48,6 +48,8 @@ void ema__xport_idle(ema__xport_t *xp)
  * and the xport. */
 static ema__xport_t *ema_xport_am_self[EMA_AM_MAX];
 
+__thread unsigned ema__xport_app_depth;
+
 static ucs_status_t ema_xport_am_cb(void *arg, const void *header, size_t header_length,
                                     void *data, size_t length, const ucp_am_recv_param_t *param)
 {
@@ -204,8 +206,7 @@ ema_status_t ema__xport_create(ema__xport_t *xp, int rank, int size)
     xp->efd  = -1;
     ema__xport_coll_init(xp);
     pthread_mutex_init(&xp->defer_lock, NULL);
-    atomic_init(&xp->app_waiters, 0);
-    atomic_init(&xp->app_gen, 0);
+    atomic_init(&xp->app_state, 0);
     for (int q = 0; q < 2; q++) {
         xp->defer_head[q] = NULL;
         xp->defer_tail[q] = &xp->defer_head[q];

@@ -84,12 +84,14 @@ typedef struct ema__xport {
     ema__defer_t   **defer_tail[2];
     atomic_int       defer_count[2];
 
-    /* application threads blocked on a UCX request: the progress thread
-     * leaves the worker to them meanwhile (no lock contention); app_gen
-     * counts their exits, so the thread also stays off the worker while an
-     * application keeps calling (see ema_progress_thread_once) */
-    atomic_int       app_waiters;
-    atomic_uint      app_gen;
+    /* Application threads on the worker (bits 0-15) and their exits (the
+     * bits above, in EMA_XPORT_APP_EXIT units): the progress thread leaves
+     * the worker to them meanwhile, and for a while after the last exit
+     * (see ema_progress_thread_once).  One word on a line of its own: the
+     * progress thread reads it at every pass, and an application thread
+     * changes it twice per operation. */
+    _Alignas(64) _Atomic uint64_t app_state;
+    char             app_pad[64 - sizeof(uint64_t)];
 
     char             transports[256]; /* as UCX reports them, for ema_info */
 } ema__xport_t;
@@ -108,17 +110,29 @@ typedef struct ema__xport_mr {
     uint64_t    *bases;    /* [size] */
 } ema__xport_mr_t;
 
+#define EMA_XPORT_APP_MASK 0xffffu
+#define EMA_XPORT_APP_EXIT ((uint64_t)1 << 16)
+
+/* How deep this thread is in enter/leave pairs: only the outermost pair
+ * touches the shared word (a blocking put enters, and so do the waits
+ * inside it).  A process has one transport. */
+extern __thread unsigned ema__xport_app_depth;
+
 /* An application thread starts or stops using the worker (issuing or
  * waiting); the progress thread keeps off it meanwhile. */
 static inline void ema__xport_app_enter(ema__xport_t *xp)
 {
-    atomic_fetch_add_explicit(&xp->app_waiters, 1, memory_order_relaxed);
+    if (ema__xport_app_depth++ == 0) {
+        atomic_fetch_add_explicit(&xp->app_state, 1, memory_order_relaxed);
+    }
 }
 
 static inline void ema__xport_app_leave(ema__xport_t *xp)
 {
-    atomic_fetch_add_explicit(&xp->app_gen, 1, memory_order_relaxed);
-    atomic_fetch_sub_explicit(&xp->app_waiters, 1, memory_order_relaxed);
+    if (--ema__xport_app_depth == 0) {
+        /* one exit more, one thread less, in one step */
+        atomic_fetch_add_explicit(&xp->app_state, EMA_XPORT_APP_EXIT - 1, memory_order_relaxed);
+    }
 }
 
 /* The key for @raddr in @peer's registered memory. */

@@ -6,6 +6,7 @@
  *
  *   mpirun -n 2 ema_perf [--csv] [--op put|get|borrow|reclaim|all] [--min 8] [--max 64M]
  *                        [--iters N] [--warmup N] [--time S] [--ucx-thread multi|single]
+ *                        [--raw-mem cudamalloc|vmm]
  *                        [--reclaim-sizes 64M,256M,1G] [-v]
  *
  * Rank 0 is the origin, rank 1 the target.  For each op and size the origin
@@ -102,6 +103,7 @@ enum { IMPL_EMA = 0, IMPL_RAW = 1, IMPL_NUM = 2 };
 
 typedef struct {
     int    csv, verbose, single;
+    int    raw_vmm; /* cuda: the raw target buffer is a VMM allocation (--raw-mem vmm) */
     char   ops[256];
     size_t min, max;
     long   iters;       /* -1: chosen per size */
@@ -497,7 +499,7 @@ static void perf_raw_setup(perf_t *p)
     if (p->rank == PERF_TARGET && p->gpu) {
         /* device memory, as EMA's cuda arena: UCX reaches it with cuda_ipc */
         p->raw_len  = p->o.max;
-        p->raw_base = perf_gpu_alloc(p->raw_len);
+        p->raw_base = p->o.raw_vmm ? perf_gpu_alloc_vmm(p->raw_len) : perf_gpu_alloc(p->raw_len);
         if (p->raw_base == NULL) {
             perf_die("raw target buffer: %s", perf_gpu_error());
         }
@@ -1393,6 +1395,8 @@ static void perf_usage(FILE *f)
         "                     (default 0.25)\n"
         "  --ucx-thread MODE  raw UCX worker thread mode: multi (default, as EMA's\n"
         "                     worker) or single\n"
+        "  --raw-mem KIND     cuda kind: the raw UCX target buffer, cudamalloc (default)\n"
+        "                     or vmm (one cuMemCreate allocation, as EMA's segments)\n"
         "  --reclaim-sizes L  reclaim sizes, a comma list (default 64M,256M,1G); sizes\n"
         "                     that do not fit are skipped with a note\n"
         "  --kernel-size S    the window of the kernel row (default 1G on the cuda\n"
@@ -1439,6 +1443,7 @@ static int perf_parse(int argc, char **argv, perf_opts_t *o)
         {"verbose", no_argument, NULL, 'v'},    {"help", no_argument, NULL, 'h'},
         {"reclaim-sizes", required_argument, NULL, 'R'},
         {"kernel-size", required_argument, NULL, 'K'},
+        {"raw-mem", required_argument, NULL, 'G'},
         {NULL, 0, NULL, 0}};
     int opt;
     char *end;
@@ -1477,6 +1482,11 @@ static int perf_parse(int argc, char **argv, perf_opts_t *o)
         case 't':
             o->time_cap = strtod(optarg, &end);
             if (*end != '\0' || !(o->time_cap > 0)) return -1;
+            break;
+        case 'G':
+            if (strcmp(optarg, "cudamalloc") == 0) o->raw_vmm = 0;
+            else if (strcmp(optarg, "vmm") == 0) o->raw_vmm = 1;
+            else return -1;
             break;
         case 'T':
             if (strcmp(optarg, "multi") == 0) o->single = 0;
@@ -1547,7 +1557,8 @@ static void perf_print_header(perf_t *p, unsigned opmask)
     printf("# raw UCX %s: own context and worker (thread mode %s), target buffer %s\n"
            "#   registered without UCP_MEM_MAP_ALLOCATE, target spinning on ucp_worker_progress\n",
            ucp_get_version_string(), p->o.single ? "single" : "multi",
-           p->gpu ? "cudaMalloc'ed (cuda_ipc)" : "a memfd");
+           !p->gpu ? "a memfd" : p->o.raw_vmm ? "one VMM allocation, like EMA's arena (cuda_ipc)"
+                                              : "cudaMalloc'ed (cuda_ipc)");
     printf("# us: median of one op + flush; GB/s = size / median (1 GB = 1e9 B)\n"
            "# ratio = ucx_us / ema_us: > 1 EMA faster, < 1 EMA slower than raw UCX\n");
     if (opmask & 3u) { /* put, get; borrow and reclaim print their own */

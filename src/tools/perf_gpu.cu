@@ -11,6 +11,8 @@
 #define EMA_PERF_GPU 1
 #include "perf_gpu.h"
 
+#include <cuda.h>
+#include <cudaTypedefs.h>
 #include <cuda_runtime.h>
 #include <stdio.h>
 
@@ -49,8 +51,126 @@ extern "C" void *perf_gpu_alloc(size_t len)
     return p;
 }
 
+/* The driver's VMM calls, reached through the runtime (cudart is linked
+ * statically and libcuda is not linked at all). */
+static struct {
+    int                                     loaded;
+    PFN_cuMemGetAllocationGranularity_v10020 granularity;
+    PFN_cuMemCreate_v10020                  create;
+    PFN_cuMemRelease_v10020                 release;
+    PFN_cuMemAddressReserve_v10020          reserve;
+    PFN_cuMemAddressFree_v10020             addr_free;
+    PFN_cuMemMap_v10020                     map;
+    PFN_cuMemUnmap_v10020                   unmap;
+    PFN_cuMemSetAccess_v10020               set_access;
+} perf_vmm;
+
+/* The one VMM buffer ema_perf makes (the raw UCX target), for free */
+static struct {
+    void                        *p;
+    size_t                       len;
+    CUmemGenericAllocationHandle h;
+} perf_vmm_buf;
+
+static int perf_vmm_load(void)
+{
+#define PERF_VMM_SYM(_f, _name) \
+    do { \
+        cudaDriverEntryPointQueryResult q; \
+        cudaError_t e_ = cudaGetDriverEntryPointByVersion(_name, (void **)&perf_vmm._f, 12000, \
+                                                          cudaEnableDefault, &q); \
+        if (e_ != cudaSuccess || q != cudaDriverEntryPointSuccess) { \
+            snprintf(perf_gpu_errbuf, sizeof(perf_gpu_errbuf), "the driver has no %s", _name); \
+            return -1; \
+        } \
+    } while (0)
+    if (perf_vmm.loaded) {
+        return 0;
+    }
+    PERF_VMM_SYM(granularity, "cuMemGetAllocationGranularity");
+    PERF_VMM_SYM(create, "cuMemCreate");
+    PERF_VMM_SYM(release, "cuMemRelease");
+    PERF_VMM_SYM(reserve, "cuMemAddressReserve");
+    PERF_VMM_SYM(addr_free, "cuMemAddressFree");
+    PERF_VMM_SYM(map, "cuMemMap");
+    PERF_VMM_SYM(unmap, "cuMemUnmap");
+    PERF_VMM_SYM(set_access, "cuMemSetAccess");
+#undef PERF_VMM_SYM
+    perf_vmm.loaded = 1;
+    return 0;
+}
+
+static void *perf_vmm_fail(const char *what, CUresult r)
+{
+    snprintf(perf_gpu_errbuf, sizeof(perf_gpu_errbuf), "%s failed: CUresult %d", what, (int)r);
+    return NULL;
+}
+
+extern "C" void *perf_gpu_alloc_vmm(size_t len)
+{
+    CUmemAllocationProp prop = {};
+    CUmemAccessDesc acc      = {};
+    CUmemGenericAllocationHandle h;
+    CUdeviceptr p;
+    size_t gran;
+    int dev;
+    CUresult r;
+
+    if (perf_vmm_buf.p != NULL) {
+        snprintf(perf_gpu_errbuf, sizeof(perf_gpu_errbuf), "one VMM buffer at a time");
+        return NULL;
+    }
+    if (perf_vmm_load() != 0) {
+        return NULL;
+    }
+    if (cudaGetDevice(&dev) != cudaSuccess) {
+        snprintf(perf_gpu_errbuf, sizeof(perf_gpu_errbuf), "cudaGetDevice failed");
+        return NULL;
+    }
+    prop.type                 = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type        = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id          = dev;
+    prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    if ((r = perf_vmm.granularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM)) !=
+        CUDA_SUCCESS) {
+        return perf_vmm_fail("cuMemGetAllocationGranularity", r);
+    }
+    len = (len + gran - 1) / gran * gran;
+    if ((r = perf_vmm.create(&h, len, &prop, 0)) != CUDA_SUCCESS) {
+        return perf_vmm_fail("cuMemCreate", r);
+    }
+    if ((r = perf_vmm.reserve(&p, len, gran, 0, 0)) != CUDA_SUCCESS) {
+        perf_vmm.release(h);
+        return perf_vmm_fail("cuMemAddressReserve", r);
+    }
+    if ((r = perf_vmm.map(p, len, 0, h, 0)) != CUDA_SUCCESS) {
+        perf_vmm.addr_free(p, len);
+        perf_vmm.release(h);
+        return perf_vmm_fail("cuMemMap", r);
+    }
+    acc.location = prop.location;
+    acc.flags    = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    if ((r = perf_vmm.set_access(p, len, &acc, 1)) != CUDA_SUCCESS) {
+        perf_vmm.unmap(p, len);
+        perf_vmm.addr_free(p, len);
+        perf_vmm.release(h);
+        return perf_vmm_fail("cuMemSetAccess", r);
+    }
+    perf_vmm_buf.p   = (void *)p;
+    perf_vmm_buf.len = len;
+    perf_vmm_buf.h   = h; /* kept, as EMA keeps its arena's handles */
+    return (void *)p;
+}
+
 extern "C" void perf_gpu_free(void *p)
 {
+    if (p != NULL && p == perf_vmm_buf.p) {
+        perf_vmm.unmap((CUdeviceptr)p, perf_vmm_buf.len);
+        perf_vmm.addr_free((CUdeviceptr)p, perf_vmm_buf.len);
+        perf_vmm.release(perf_vmm_buf.h);
+        perf_vmm_buf.p = NULL;
+        return;
+    }
     cudaFree(p);
 }
 

@@ -17,7 +17,10 @@ extern "C" {
 const char *perf_gpu_error(void);
 int   perf_gpu_init(int device);
 void *perf_gpu_alloc(size_t len);
-void  perf_gpu_free(void *p);
+/* Device memory made like EMA's cuda arena: one CUDA VMM allocation
+ * (cuMemCreate, exportable as a POSIX fd), mapped and given access. */
+void *perf_gpu_alloc_vmm(size_t len);
+void  perf_gpu_free(void *p); /* either kind */
 /* Write the pattern of @salt (zeros with @zero) into device memory. */
 int   perf_gpu_fill(void *p, size_t len, uint64_t salt, int zero);
 /* *bad_p: the first byte that differs from the pattern of @salt with @add
@@ -35,6 +38,7 @@ static inline const char *perf_gpu_error(void)
 }
 static inline int   perf_gpu_init(int device) { (void)device; return -1; }
 static inline void *perf_gpu_alloc(size_t len) { (void)len; return NULL; }
+static inline void *perf_gpu_alloc_vmm(size_t len) { (void)len; return NULL; }
 static inline void  perf_gpu_free(void *p) { (void)p; }
 static inline int   perf_gpu_fill(void *p, size_t len, uint64_t salt, int zero)
 { (void)p; (void)len; (void)salt; (void)zero; return -1; }

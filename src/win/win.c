@@ -413,5 +413,10 @@ ema_status_t ema__win_free(ema__win_ctx_t *ctx, ema_win_h win, ema__win_release_
     win->next  = ctx->dead;
     ctx->dead  = win;
     pthread_mutex_unlock(&ctx->lock);
-    return EMA_SUCCESS;
+    /* Borrowed segments went back to their lenders above, each with an
+     * active message handled on arrival; the barrier's messages follow them
+     * on the same endpoints, so once it completes every lender has its
+     * memory back.  Without it a window allocated right after could find a
+     * lender's memory still counted as lent (EMA_ERR_NO_MEMORY). */
+    return ema__xport_barrier(ctx->xp);
 }

@@ -2,15 +2,16 @@
 # gpu-suite.sh: build EMA with CUDA and run its checks on a GPU machine.
 #
 #   contrib/gpu-suite.sh --with-ucx=DIR [--with-pmix=DIR] [--build-dir=DIR]
-#                        [--timeout=SECONDS] [--jobs=N]
+#                        [--timeout=SECONDS] [--jobs=N] [--np="2 4"]
 #
 # DIR for --with-ucx is a UCX install built with CUDA support (configure
 # --with-cuda); Debian/Ubuntu's UCX packages lack cuda_ipc.  Steps:
 #   1. autoreconf (when configure is missing or stale), configure --with-cuda,
 #      make, and build the multi-rank test programs (make check TESTS=);
 #   2. ema_info;
-#   3. every test program of tests/mpi on 2 and 4 ranks sharing the GPU(s),
-#      under mpirun --timeout, with the cuda memory kind;
+#   3. every test program of tests/mpi on 2 and 4 ranks (--np: the list of
+#      rank counts; with as many GPUs, one rank per GPU), under mpirun
+#      --timeout, with the cuda memory kind;
 #   4. examples/cuda_window on 1, 2 and 4 ranks; 5. ema_perf on 2 ranks (CSV).
 # Each rank gets EMA_DEVICE_MEMORY=2G unless it is set (ema_perf: 10G): 16
 # segments of the default 128 MiB.
@@ -24,7 +25,7 @@ usage() {
     exit "${1:-2}"
 }
 
-ucx='' pmix='' build='' timeout=180 jobs=$(nproc 2>/dev/null || echo 4)
+ucx='' pmix='' build='' timeout=180 jobs=$(nproc 2>/dev/null || echo 4) nps="2 4"
 for arg in "$@"; do
     case $arg in
     --with-ucx=*)  ucx=${arg#*=} ;;
@@ -32,6 +33,7 @@ for arg in "$@"; do
     --build-dir=*) build=${arg#*=} ;;
     --timeout=*)   timeout=${arg#*=} ;;
     --jobs=*)      jobs=${arg#*=} ;;
+    --np=*)        nps=${arg#*=} ;;
     -h|--help)     usage 0 ;;
     *)             echo "gpu-suite: unknown argument '$arg'" >&2; usage ;;
     esac
@@ -164,7 +166,7 @@ for p in "${progs[@]}"; do
         step "$name" env "top_builddir=$build" sh "$srcdir/tests/mpi/bootstrap_broken.sh"
         ;;
     *)
-        for np in 2 4; do
+        for np in $nps; do
             step "$name np$np" run_mpi "$np" "$p"
         done
         ;;

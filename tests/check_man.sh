@@ -5,6 +5,8 @@
 #      page of its family);
 #  (b) every page in man/man1, man/man3 and man/man7 renders without a
 #      single warning from man/groff;
+#  (c) every EMA_* variable the library reads (ema_info -c) is described in
+#      ema(7) and in the README;
 # and ends with one "N passed, N failed" line.
 # The automake harness exports top_srcdir and top_builddir; run by hand as
 #   top_srcdir=. top_builddir=BUILD sh tests/check_man.sh
@@ -12,6 +14,7 @@
 top_srcdir=${top_srcdir:-$(cd "$(dirname "$0")/.." && pwd)}
 top_builddir=${top_builddir:-.}
 lib="$top_builddir/.libs/libema.so"
+info=$(cd "$top_builddir" && pwd)/src/tools/ema_info
 mandir="$top_srcdir/man"
 pass=0
 fail=0
@@ -68,6 +71,21 @@ for page in man1/*.1 man3/*.3 man7/*.7; do
         ok
     fi
 done
+
+# --- (c) every setting is documented --------------------------------------
+if [ -x "$info" ]; then
+    vars=$("$info" -c 2>/dev/null | grep -o 'EMA_[A-Z0-9_]*' | sort -u)
+    [ -n "$vars" ] || bad "ema_info -c listed no EMA_* variable"
+    for v in $vars; do
+        if grep -q "$v" "$mandir/man7/ema.7" && grep -q "$v" "$top_srcdir/README.md"; then
+            ok
+        else
+            bad "$v is read by the library but not described in both ema(7) and README.md"
+        fi
+    done
+else
+    bad "$info not found: build the tools first"
+fi
 
 echo "check_man: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -11,6 +11,9 @@
 
 #define EMA_PROGRESS_CFG(_f) offsetof(ema__progress_config_t, _f)
 
+/* The longest the thread stays off the worker for an application (us). */
+#define EMA_PROGRESS_FORCE_US 1000.0
+
 const ema_config_field_t ema__progress_config_table[] = {
     {"PROGRESS_THREAD", "y",
      "run a progress thread per rank, so passive-target RMA and control messages "
@@ -51,26 +54,37 @@ static unsigned ema_progress_thread_once(ema__progress_t *pg)
 {
     ema__xport_t *xp = pg->xp;
     uint64_t app = atomic_load_explicit(&xp->app_state, memory_order_relaxed);
-    if (app & EMA_XPORT_APP_MASK) {
-        return (unsigned)ema__xport_run_deferred(xp, 0);
-    }
-    if (pg->cfg.holdoff > 0) {
-        uint64_t gen = app / EMA_XPORT_APP_EXIT;
-        double now   = ema__now_us();
-        if (gen != pg->app_gen) {
-            pg->app_gen  = gen;
-            pg->app_seen = now;
-        }
-        if (now - pg->app_seen < (double)pg->cfg.holdoff) {
+    double now   = ema__now_us();
+
+    /* Every EMA_PROGRESS_FORCE_US at the latest the thread progresses the
+     * worker anyway: an application whose calls never wait (operations that
+     * complete in place) progresses nothing, and peers' control messages
+     * must not wait for its next wait. */
+    if (now - pg->progressed < EMA_PROGRESS_FORCE_US) {
+        if (app & EMA_XPORT_APP_MASK) {
             return (unsigned)ema__xport_run_deferred(xp, 0);
         }
+        if (pg->cfg.holdoff > 0) {
+            uint64_t gen = app / EMA_XPORT_APP_EXIT;
+            if (gen != pg->app_gen) {
+                pg->app_gen  = gen;
+                pg->app_seen = now;
+            }
+            if (now - pg->app_seen < (double)pg->cfg.holdoff) {
+                return (unsigned)ema__xport_run_deferred(xp, 0);
+            }
+        }
     }
+    pg->progressed = now;
     return ema__progress_once(pg);
 }
 
 static void *ema_progress_main(void *arg)
 {
     ema__progress_t *pg = arg;
+    /* This thread's own waits (the flushes and sends of the control work it
+     * runs) are not an application's: they must not hold it off. */
+    ema__xport_app_depth = 1;
     ema__xport_t *xp    = pg->xp;
     unsigned idle       = 0;
     struct pollfd pfd   = {.fd = xp->efd, .events = POLLIN};
@@ -115,8 +129,9 @@ ema_status_t ema__progress_start(ema__progress_t *pg, ema__xport_t *xp)
 {
     pg->xp       = xp;
     pg->running  = 0;
-    pg->app_gen  = 0;
-    pg->app_seen = 0;
+    pg->app_gen    = 0;
+    pg->app_seen   = 0;
+    pg->progressed = 0;
     atomic_init(&pg->stop, 0);
     if (!pg->cfg.thread) {
         ema_debug("progress thread disabled: the application must call ema_progress()");

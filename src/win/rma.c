@@ -285,7 +285,8 @@ static ema_status_t ema_rma_blocking(ema_win_h win, ema_op_t op, int rank, size_
         }
     }
     for (int i = 0; i < nreqs; i++) {
-        st     = ema__xport_wait(ctx->xp, reqs[i], op == EMA_OP_PUT ? "ucp_put_nbx" : "ucp_get_nbx");
+        st     = ema__xport_wait(ctx->xp, reqs[i],
+                                 op == EMA_OP_PUT ? "ucp_put_nbx or its flush" : "ucp_get_nbx");
         status = (status == EMA_SUCCESS) ? st : status;
     }
     for (int i = 0; fl_ok && status == EMA_SUCCESS && i < nfl; i++) {

@@ -189,7 +189,10 @@ ema_status_t ema__win_seg_move_batch(ema_win_h win, const uint32_t *idx, const e
         }
     }
     npieces = k;
-    if (!marked && dev->ops->copy_wait != NULL) {
+    /* Unmarked copies, and any copy left without a mark (a failed
+     * copy_mark after its copy_start): waited for here, before any scratch
+     * range or new memory can be released. */
+    if ((!marked || status != EMA_SUCCESS) && dev->ops->copy_wait != NULL) {
         ema_status_t st = dev->ops->copy_wait(dev);
         status = (status == EMA_SUCCESS) ? st : status;
     }

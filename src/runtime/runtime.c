@@ -31,6 +31,10 @@ const ema_config_field_t ema__runtime_config_table[] = {
      "(vm.nr_hugepages) and segments are a multiple of 2M, else 4 KiB pages: a reclaim then "
      "costs about the copy, without the teardown of 512 page-table entries per 2 MiB",
      EMA_RT_CFG(hugepages), &ema__config_bool},
+    {"HOST_DIRECT", "y",
+     "host kind: put, get and atomics as loads and stores on peers' mapped memory; n sends "
+     "them through UCX as on the cuda kind (slower: for testing that path on any machine)",
+     EMA_RT_CFG(host_direct), &ema__config_bool},
     {"LOG_LEVEL", "warn", "log level: error, warn, info, debug or trace",
      EMA_RT_CFG(log_level), &ema_level_parser},
     EMA_CONFIG_TABLE_END};
@@ -313,6 +317,7 @@ EMA_EXPORT ema_status_t ema_init(const ema_init_params_t *params)
     if (status != EMA_SUCCESS) {
         goto err_xport;
     }
+    w->win.no_direct = !w->cfg.host_direct;
     status = ema_modex(w);
     if (status != EMA_SUCCESS) {
         goto err_win;

@@ -91,7 +91,7 @@ ema_status_t ema__win_ctx_blob(ema__win_ctx_t *ctx, void **blob_p, size_t *len_p
 static ema_status_t ema_win_ctx_attach(ema__win_ctx_t *ctx)
 {
     ema__mem_arena_t *dev = ctx->tier[EMA_TIER_DEVICE];
-    if (dev->ops->attach == NULL) {
+    if (dev->ops->attach == NULL || ctx->no_direct) {
         return EMA_SUCCESS;
     }
     for (int t = 0; t < EMA_TIER_MAX; t++) {

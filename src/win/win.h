@@ -75,6 +75,7 @@ typedef struct ema__win_ctx {
      * that need the target's CPU (8 B put+flush measured at 58 us to 3.6 ms
      * against a busy target), so the host kind does not use it for data. */
     int                direct;
+    int                no_direct;   /* EMA_HOST_DIRECT=n: never direct */
     char             **peer_base[EMA_TIER_MAX]; /* [size] */
     /* Atomics the transport cannot do on this memory kind (UCX has no
      * atomics on CUDA memory and would fall back to an emulation in which

@@ -13,25 +13,22 @@ EMA_EXPORT ema_status_t ema_win_allocate(size_t size, const ema_win_params_t *pa
     if (status != EMA_SUCCESS) {
         return status;
     }
-    /* Argument errors are local, but the call is collective: a rank that
-     * returns early leaves the others waiting.  As with MPI, every rank must
-     * pass valid arguments; an invalid one is reported on the rank that
-     * passed it, before any communication. */
+    /* Argument errors are found locally, but the call is collective: a rank
+     * that returned at once would leave the others waiting for it.  So the
+     * rank still takes part, allocating nothing, and every rank fails with
+     * EMA_ERR_INVALID_PARAM; nothing is allocated anywhere. */
+    status = EMA_SUCCESS;
     if (base_p == NULL || win_p == NULL) {
-        return EMA_ERR_INVALID_PARAM;
+        status = EMA_ERR_INVALID_PARAM;
+    } else if (params != NULL &&
+               ((params->field_mask & ~(uint64_t)EMA_WIN_PARAM_FIELD_MAX_SIZE) ||
+                ((params->field_mask & EMA_WIN_PARAM_FIELD_MAX_SIZE) &&
+                 (params->max_size < size || params->max_size > ((size_t)1 << 50))))) {
+        status = EMA_ERR_INVALID_PARAM;
+    } else if (size > ((size_t)1 << 50)) { /* beyond any machine: a negative size cast */
+        status = EMA_ERR_INVALID_PARAM;
     }
-    if (params != NULL) {
-        if (params->field_mask & ~(uint64_t)EMA_WIN_PARAM_FIELD_MAX_SIZE) {
-            return EMA_ERR_INVALID_PARAM;
-        }
-        if ((params->field_mask & EMA_WIN_PARAM_FIELD_MAX_SIZE) && params->max_size < size) {
-            return EMA_ERR_INVALID_PARAM;
-        }
-    }
-    if (size > ((size_t)1 << 50)) { /* beyond any machine: a negative size cast */
-        return EMA_ERR_INVALID_PARAM;
-    }
-    return ema__win_allocate(ema__win_world, size, params, base_p, win_p);
+    return ema__win_allocate(ema__win_world, status, size, params, base_p, win_p);
 }
 
 EMA_EXPORT ema_status_t ema_win_size(ema_win_h win, int rank, size_t *size_p)

@@ -220,8 +220,8 @@ typedef struct {
     ema__loc_t loc[];
 } ema_win_desc_t;
 
-ema_status_t ema__win_allocate(ema__win_ctx_t *ctx, size_t size, const ema_win_params_t *params,
-                               void **base_p, ema_win_h *win_p)
+ema_status_t ema__win_allocate(ema__win_ctx_t *ctx, ema_status_t arg, size_t size,
+                               const ema_win_params_t *params, void **base_p, ema_win_h *win_p)
 {
     ema__mem_arena_t *arena = ctx->tier[EMA_TIER_DEVICE];
     size_t seg = ctx->seg_size, max_size = size;
@@ -233,7 +233,9 @@ ema_status_t ema__win_allocate(ema__win_ctx_t *ctx, size_t size, const ema_win_p
     size_t *lens = NULL, desc_len;
     int taken = 0;
 
-    if (params != NULL && (params->field_mask & EMA_WIN_PARAM_FIELD_MAX_SIZE)) {
+    if (arg != EMA_SUCCESS) {
+        size = max_size = 0; /* take nothing; only tell the others */
+    } else if (params != NULL && (params->field_mask & EMA_WIN_PARAM_FIELD_MAX_SIZE)) {
         max_size = params->max_size;
     }
     nsegs    = (uint32_t)((size + seg - 1) / seg);
@@ -256,6 +258,10 @@ ema_status_t ema__win_allocate(ema__win_ctx_t *ctx, size_t size, const ema_win_p
         goto exchange;
     }
     pthread_mutex_init(&win->lock, NULL);
+    if (arg != EMA_SUCCESS) {
+        local = arg;
+        goto exchange;
+    }
 
     /* 1. take local segments and map them at the part's base.  Allocation
      * uses local memory only, so that it fails the same way on every rank;
@@ -303,6 +309,10 @@ exchange:
         const ema_win_desc_t *d = blobs[r];
         if (d->status != EMA_SUCCESS) {
             status = (ema_status_t)d->status;
+            if (status == EMA_ERR_INVALID_PARAM && r != ctx->rank && local == EMA_SUCCESS) {
+                ema_warn("ema_win_allocate: rank %d passed an invalid argument; the window "
+                         "is not allocated on any rank", r);
+            }
             goto err_unmap;
         }
     }

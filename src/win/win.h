@@ -146,8 +146,10 @@ ema_status_t ema__win_ctx_blob(ema__win_ctx_t *ctx, void **blob_p, size_t *len_p
 ema_status_t ema__win_ctx_connect(ema__win_ctx_t *ctx, void *const *blobs, const size_t *lens);
 void         ema__win_ctx_cleanup(ema__win_ctx_t *ctx);
 
-ema_status_t ema__win_allocate(ema__win_ctx_t *ctx, size_t size, const ema_win_params_t *params,
-                               void **base_p, ema_win_h *win_p);
+/* Collective.  @arg is this rank's verdict on its arguments: an error there
+ * allocates nothing and makes the call fail on every rank with it. */
+ema_status_t ema__win_allocate(ema__win_ctx_t *ctx, ema_status_t arg, size_t size,
+                               const ema_win_params_t *params, void **base_p, ema_win_h *win_p);
 /* Give back a segment that lives outside the own arena (borrowed or
  * spilled); called by ema__win_free for each. */
 typedef void (*ema__win_release_cb)(void *arg, ema_win_h win, ema__loc_t loc);

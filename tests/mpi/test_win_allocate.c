@@ -168,6 +168,45 @@ static void test_one_rank_over_capacity_fails_everywhere_and_leaks_nothing(void)
     T_OK(ema_win_free(win));
 }
 
+/* One rank passes an invalid argument: every rank gets EMA_ERR_INVALID_PARAM
+ * (none waits for the others forever), and nothing is allocated anywhere. */
+static void test_one_rank_bad_argument_fails_everywhere_without_hanging(void)
+{
+    ema_mem_stat_t m0, m1;
+    void *base = (void *)(uintptr_t)0xb0b0;
+    ema_win_h win = (ema_win_h)(uintptr_t)0xb1b1;
+    int bad = ema_t_size - 1;
+
+    ema_test_begin(__func__);
+    T_OK(ema_mem_stat(&m0));
+    for (int kind = 0; kind < 3; kind++) {
+        ema_win_params_t wp = {.field_mask = EMA_WIN_PARAM_FIELD_MAX_SIZE, .max_size = SEG};
+        ema_status_t s;
+        if (ema_t_rank != bad) {
+            s = ema_win_allocate(SEG, NULL, &base, &win);
+        } else if (kind == 0) {
+            s = ema_win_allocate(SEG, NULL, &base, NULL); /* no win_p */
+        } else if (kind == 1) {
+            s = ema_win_allocate(2 * SEG, &wp, &base, &win); /* max_size < size */
+        } else {
+            wp.field_mask |= 1ull << 40; /* an unknown field */
+            s = ema_win_allocate(SEG, &wp, &base, &win);
+        }
+        T_EXPECT(s == EMA_ERR_INVALID_PARAM, "case %d: rank %d's ema_win_allocate returned %s "
+                 "while rank %d passed a bad argument", kind, ema_t_rank, ema_strerror(s), bad);
+        T_EXPECT(base == (void *)(uintptr_t)0xb0b0 && win == (ema_win_h)(uintptr_t)0xb1b1,
+                 "case %d: a failed allocation wrote base_p or win_p", kind);
+    }
+    T_OK(ema_barrier());
+    T_OK(ema_mem_stat(&m1));
+    T_EXPECT(m1.bytes_free == m0.bytes_free && m1.bytes_used == m0.bytes_used,
+             "memory changed: free %zu -> %zu, used %zu -> %zu", m0.bytes_free, m1.bytes_free,
+             m0.bytes_used, m1.bytes_used);
+    /* and the next, valid, allocation works */
+    T_OK(ema_win_allocate(SEG, NULL, &base, &win));
+    T_OK(ema_win_free(win));
+}
+
 static void test_allocation_after_failure_still_moves_data(void)
 {
     void *base;
@@ -200,6 +239,7 @@ int main(void)
     test_sizes_differ_per_rank_including_zero();
     test_many_windows_are_isolated_and_free_in_any_order();
     test_one_rank_over_capacity_fails_everywhere_and_leaks_nothing();
+    test_one_rank_bad_argument_fails_everywhere_without_hanging();
     test_allocation_after_failure_still_moves_data();
     return ema_test_finish("test_win_allocate");
 }

@@ -314,6 +314,17 @@ EMA_EXPORT ema_status_t ema_win_acquire(ema_win_h win, size_t offset, size_t len
 /** Release a range marked with ema_win_acquire(). */
 EMA_EXPORT ema_status_t ema_win_release(ema_win_h win, size_t offset, size_t len);
 
+/**
+ * Hint: bring [offset, offset+len) of this rank's own part into its own
+ * memory.  Returns at once; the progress engine moves the borrowed and
+ * spilled segments of the range into free local memory, from @a offset on,
+ * as far as there is free local memory (nothing is reclaimed or evicted for
+ * it).  Segments held with ema_win_acquire() are left where they are.  The
+ * moves are migrations: see ema_win_set_reclaim_cb() for the owner's plain
+ * stores meanwhile.  ema_win_stat() shows the result.
+ */
+EMA_EXPORT ema_status_t ema_win_prefetch(ema_win_h win, size_t offset, size_t len);
+
 /** Where the bytes of one window part live. */
 typedef struct {
     size_t   size;           /**< current size of this rank's part */

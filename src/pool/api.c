@@ -18,6 +18,13 @@ EMA_EXPORT ema_status_t ema_win_free(ema_win_h win)
     if (status != EMA_SUCCESS) {
         return status;
     }
+    /* A queued prefetch uses the window: let it run (here too, in case
+     * there is no progress thread) before the window goes. */
+    while (atomic_load(&win->prefetching) > 0) {
+        if (ema__xport_progress(win->ctx->xp) + ema__xport_run_deferred(win->ctx->xp, 0) == 0) {
+            ema__xport_idle(win->ctx->xp);
+        }
+    }
     return ema__win_free(win->ctx, win, ema_pool_release_cb, ema__pool_world);
 }
 
@@ -276,6 +283,80 @@ EMA_EXPORT ema_status_t ema_win_acquire(ema_win_h win, size_t offset, size_t len
 EMA_EXPORT ema_status_t ema_win_release(ema_win_h win, size_t offset, size_t len)
 {
     return ema_pool_hold(win, offset, len, -1);
+}
+
+/* --- prefetch -------------------------------------------------------------- */
+
+typedef struct {
+    ema__pool_t *pool;
+    ema_win_h    win;
+    uint32_t     first, last; /* segments of the own part */
+} ema_pool_prefetch_t;
+
+/* On the progress engine: the range's borrowed and spilled segments, in
+ * order, into free local memory (as many as there is room for), as one
+ * batch; held segments are skipped, not waited for. */
+static void ema_pool_prefetch_job(void *arg)
+{
+    ema_pool_prefetch_t *job = arg;
+    ema__pool_t *pool        = job->pool;
+    ema_win_h win            = job->win;
+    ema__win_part_t *part    = &win->parts[pool->rank];
+    uint32_t n = 0, want = job->last - job->first + 1;
+    uint32_t *idx    = calloc(want, sizeof(*idx));
+    ema__loc_t *locs = calloc(want, sizeof(*locs));
+    int64_t *hdls    = calloc(want, sizeof(*hdls));
+
+    pthread_mutex_lock(&win->lock);
+    uint32_t ns = atomic_load(&part->nsegs);
+    for (uint32_t i = job->first; idx != NULL && i <= job->last && i < ns; i++) {
+        ema__loc_t l = atomic_load(&part->loc[i]) & ~EMA_LOC_MOVING;
+        if ((EMA_LOC_TIER(l) == EMA_TIER_SPILL || EMA_LOC_RANK(l) != pool->rank) &&
+            atomic_load(&win->held[i]) == 0) {
+            idx[n++] = i;
+        }
+    }
+    if (n > 0 && locs != NULL && hdls != NULL) {
+        uint32_t got = ema__pool_acquire_segs(pool, n, -1, EMA_POOL_FROM_LOCAL, locs, hdls);
+        if (got > 0) {
+            ema_debug("prefetch of window %u: %u of %u segments to local memory", win->id, got,
+                      n);
+            ema__pool_migrate_batch(pool, win, idx, got, -1, locs, hdls, EMA_POOL_SKIP_HELD);
+        }
+    }
+    pthread_mutex_unlock(&win->lock);
+    free(idx);
+    free(locs);
+    free(hdls);
+    atomic_fetch_sub(&win->prefetching, 1);
+    free(job);
+}
+
+EMA_EXPORT ema_status_t ema_win_prefetch(ema_win_h win, size_t offset, size_t len)
+{
+    ema_status_t status = ema__win_check_live(win);
+    if (status != EMA_SUCCESS) {
+        return status;
+    }
+    ema__win_part_t *part = &win->parts[win->ctx->rank];
+    size_t seg = win->ctx->seg_size, size = atomic_load(&part->size);
+    if (offset > size || len > size - offset) {
+        return EMA_ERR_RANGE;
+    }
+    if (len == 0) {
+        return EMA_SUCCESS;
+    }
+    ema_pool_prefetch_t *job = malloc(sizeof(*job));
+    if (job == NULL) {
+        return EMA_ERR_NO_MEMORY;
+    }
+    job->pool  = ema__pool_world;
+    job->win   = win;
+    job->first = (uint32_t)(offset / seg);
+    job->last  = (uint32_t)((offset + len - 1) / seg);
+    atomic_fetch_add(&win->prefetching, 1);
+    ema__xport_defer(win->ctx->xp, 0, ema_pool_prefetch_job, job);
+    return EMA_SUCCESS;
 }
 
 EMA_EXPORT ema_status_t ema_win_stat(ema_win_h win, ema_win_stat_t *stat_p)

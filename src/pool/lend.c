@@ -552,8 +552,9 @@ static int ema_pool_cmp_u32(const void *a, const void *b)
  */
 ema_status_t ema__pool_migrate_batch(ema__pool_t *pool, ema_win_h win, uint32_t *idx,
                                      uint32_t n, int exclude, const ema__loc_t *targets,
-                                     const int64_t *handles)
+                                     const int64_t *handles, unsigned flags)
 {
+    int skip_held = (flags & EMA_POOL_SKIP_HELD) != 0;
     ema__win_part_t *part = &win->parts[pool->rank];
     size_t seg = pool->win->seg_size;
     ema_status_t status = EMA_SUCCESS;
@@ -596,7 +597,7 @@ ema_status_t ema__pool_migrate_batch(ema__pool_t *pool, ema_win_h win, uint32_t 
     for (;;) {
         /* 1. segments held with ema_win_acquire: wait, without the window's
          * lock, for the owner to release them */
-        for (i = 0; i < n; i++) {
+        for (i = 0; i < n && !skip_held; i++) {
             while (atomic_load(&win->held[idx[i]]) > 0) {
                 pthread_mutex_unlock(&win->lock);
                 ema__xport_wait_step(pool->xp);
@@ -607,7 +608,8 @@ ema_status_t ema__pool_migrate_batch(ema__pool_t *pool, ema_win_h win, uint32_t 
         uint32_t k = 0;
         for (i = 0; i < n; i++) {
             if (idx[i] < atomic_load(&part->nsegs) &&
-                (atomic_load(&part->loc[idx[i]]) & ~EMA_LOC_MOVING) == old[i]) {
+                (atomic_load(&part->loc[idx[i]]) & ~EMA_LOC_MOVING) == old[i] &&
+                !(skip_held && atomic_load(&win->held[idx[i]]) > 0)) {
                 idx[k] = idx[i];
                 old[k] = old[i];
                 loc[k] = loc[i];
@@ -631,7 +633,8 @@ ema_status_t ema__pool_migrate_batch(ema__pool_t *pool, ema_win_h win, uint32_t 
         if (status != EMA_SUCCESS || !held) {
             break;
         }
-        /* acquired while we marked them: back in service, wait again */
+        /* acquired while we marked them: back in service, wait again (or,
+         * skipping held ones, drop them in the next pass) */
         for (i = 0; i < n; i++) {
             atomic_store(&part->loc[idx[i]], old[i]);
         }
@@ -698,7 +701,7 @@ ema_status_t ema__pool_migrate(ema__pool_t *pool, ema_win_h win, uint32_t idx, i
                                ema__loc_t target, int64_t target_handle)
 {
     return ema__pool_migrate_batch(pool, win, &idx, 1, exclude, target ? &target : NULL,
-                                   target ? &target_handle : NULL);
+                                   target ? &target_handle : NULL, 0);
 }
 
 /* A lender wants these segments back: move the data (one batch per
@@ -751,7 +754,7 @@ static void ema_pool_recall_job(void *arg)
             }
             if (m > 0) {
                 /* the migration gives the old segments back */
-                ema__pool_migrate_batch(pool, win, idx, m, job->src, NULL, NULL);
+                ema__pool_migrate_batch(pool, win, idx, m, job->src, NULL, NULL, 0);
             }
         }
         pthread_mutex_unlock(&win->lock);

@@ -88,10 +88,14 @@ void         ema__pool_giveback(ema__pool_t *pool, int lender, uint32_t count,
  * never at @exclude).  Called with win->lock held. */
 ema_status_t ema__pool_migrate(ema__pool_t *pool, ema_win_h win, uint32_t idx, int exclude,
                                ema__loc_t target, int64_t target_handle);
-/* The same for several segments at once (@idx is sorted in place). */
+/* The same for several segments at once (@idx is sorted in place).  With
+ * EMA_POOL_SKIP_HELD, segments held with ema_win_acquire are left where
+ * they are instead of waited for (a prefetch: a hint that must not stall
+ * the progress engine behind the application). */
+#define EMA_POOL_SKIP_HELD 1u
 ema_status_t ema__pool_migrate_batch(ema__pool_t *pool, ema_win_h win, uint32_t *idx,
                                      uint32_t n, int exclude, const ema__loc_t *targets,
-                                     const int64_t *handles);
+                                     const int64_t *handles, unsigned flags);
 ema_status_t ema__pool_reclaim(ema__pool_t *pool, uint32_t target, uint64_t timeout_ms);
 
 #endif

@@ -119,6 +119,7 @@ struct ema_win {
     ema_reclaim_cb   reclaim_cb;
     void            *reclaim_arg;
     atomic_int      *held;     /* [max_segs]: ema_win_acquire counts */
+    atomic_int       prefetching; /* queued ema_win_prefetch jobs */
     ema__win_stats_t stats;
 };
 

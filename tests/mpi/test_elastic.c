@@ -1041,6 +1041,74 @@ out:
     scenario_end();
 }
 
+/* ema_win_prefetch: rank 0's window is grown past its free memory (a
+ * ballast window holds 4 segments of it), the ballast is freed, and a
+ * prefetch of the whole window brings the borrowed range home: the segment
+ * held with ema_win_acquire stays where it is, the rest become local, every
+ * word is intact for the owner and for a peer.  Released, the held segment
+ * comes home with a second prefetch (one free segment is left for it). */
+static void test_prefetch_brings_borrowed_range_home(void)
+{
+    grown_t g;
+    ema_win_stat_t ws0, ws;
+    void *bb;
+    size_t nb = 4;
+
+    scenario_begin(__func__);
+    wait_clean("start");
+    ema_win_h ballast = alloc_win(ema_t_rank == 0 ? nb * SEG : 0, ema_t_rank == 0 ? nb * SEG : 0,
+                                  &bb);
+    int ok = grow_window(&g, nb * SEG, 0, 60);
+    T_OK(ema_win_free(ballast));
+    if (!ok) {
+        goto out;
+    }
+    if (ema_t_rank == 0) {
+        win_stat(g.win, &ws0);
+        T_EXPECT(ws0.bytes_borrowed + ws0.bytes_spilled == nb * SEG,
+                 "before the prefetch: " WS_FMT, WS_ARGS(ws0));
+        T_OK(ema_win_acquire(g.win, g.size - SEG, SEG)); /* the last segment stays */
+        T_STATUS(ema_win_prefetch(g.win, g.size, 1), EMA_ERR_RANGE);
+        T_STATUS(ema_win_prefetch(g.win, 0, g.size), EMA_SUCCESS);
+        double t0 = t_now();
+        do {
+            win_stat(g.win, &ws);
+            if (ws.bytes_borrowed + ws.bytes_spilled == SEG) {
+                break;
+            }
+            usleep(1000);
+        } while (t_now() - t0 < POLL_LIMIT_S);
+        T_EXPECT(ws.bytes_local == g.size - SEG && ws.bytes_borrowed + ws.bytes_spilled == SEG &&
+                 ws.migrations == ws0.migrations + nb - 1,
+                 "after the prefetch (%.0f ms): " WS_FMT, (t_now() - t0) * 1e3, WS_ARGS(ws));
+        printf("# prefetch moved %zu segments home in %.1f ms\n", nb - 1, (t_now() - t0) * 1e3);
+        fflush(stdout);
+        check_local(g.win, g.base, 0, g.size, 60, "owner's loads after the prefetch");
+        T_OK(ema_win_release(g.win, g.size - SEG, SEG));
+        /* released, the last segment comes home too */
+        T_STATUS(ema_win_prefetch(g.win, g.size - 1, 1), EMA_SUCCESS);
+        t0 = t_now();
+        do {
+            win_stat(g.win, &ws0);
+            if (ws0.bytes_local == g.size) {
+                break;
+            }
+            usleep(1000);
+        } while (t_now() - t0 < POLL_LIMIT_S);
+        T_EXPECT(ws0.bytes_local == g.size && ws0.migrations == ws.migrations + 1,
+                 "after the second prefetch: " WS_FMT, WS_ARGS(ws0));
+        check_local(g.win, g.base, 0, g.size, 60, "owner's loads after the second prefetch");
+    }
+    T_OK(ema_barrier());
+    if (ema_t_rank == 1) {
+        check_remote(g.win, 0, 0, g.size, 60, "peer's gets after the prefetch");
+    }
+out:
+    T_OK(ema_barrier());
+    T_OK(ema_win_free(g.win));
+    scenario_end();
+}
+
 /* A peer's table lookup while a reclaim waits on an acquired range: an
  * ema_get just past rank 0's size makes the peer ask rank 0 for its current
  * table (TABLE_REQ) before it fails with EMA_ERR_RANGE.  That must not wait
@@ -1683,6 +1751,7 @@ int main(int argc, char **argv)
         test_explicit_reclaim_returns_memory_data_intact();
         test_own_grow_reclaims_lent_memory_data_intact();
         test_acquired_range_not_moved_until_released();
+        test_prefetch_brings_borrowed_range_home();
         test_put_get_racing_migration_lose_no_word();
     } else if (strcmp(mode, "held") == 0) {
         test_peer_lookup_not_blocked_by_held_range();

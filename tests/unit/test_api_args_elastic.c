@@ -75,6 +75,7 @@ static void assert_elastic_calls_return_state(ema_win_h w)
     ck_assert_int_eq(ema_win_set_reclaim_cb(w, cb, NULL), EMA_ERR_STATE);
     ck_assert_int_eq(ema_win_acquire(w, 0, 8), EMA_ERR_STATE);
     ck_assert_int_eq(ema_win_release(w, 0, 8), EMA_ERR_STATE);
+    ck_assert_int_eq(ema_win_prefetch(w, 0, 8), EMA_ERR_STATE);
     ck_assert_int_eq(ema_win_stat(w, &ws), EMA_ERR_STATE);
     ck_assert_int_eq(ema_mem_stat(&ms), EMA_ERR_STATE);
     for (size_t i = 0; i < sizeof(ws); i++) {
@@ -117,6 +118,7 @@ START_TEST(test_elastic_calls_reject_null_foreign_or_freed_window)
         ck_assert_int_eq(ema_win_set_reclaim_cb(bad[i], cb, NULL), EMA_ERR_INVALID_HANDLE);
         ck_assert_int_eq(ema_win_acquire(bad[i], 0, 8), EMA_ERR_INVALID_HANDLE);
         ck_assert_int_eq(ema_win_release(bad[i], 0, 8), EMA_ERR_INVALID_HANDLE);
+        ck_assert_int_eq(ema_win_prefetch(bad[i], 0, 8), EMA_ERR_INVALID_HANDLE);
         ck_assert_int_eq(ema_win_stat(bad[i], &ws), EMA_ERR_INVALID_HANDLE);
         ck_assert_uint_eq(((uint8_t *)&ws)[0], 0x5e);
     }
@@ -188,6 +190,12 @@ START_TEST(test_acquire_release_outside_part_zero_length_or_unacquired_rejected)
     ck_assert_int_eq(ema_win_acquire(w, SIZE_MAX, 1), EMA_ERR_RANGE);
     ck_assert_int_eq(ema_win_acquire(w, 1, SIZE_MAX), EMA_ERR_RANGE);
     ck_assert_int_eq(ema_win_release(w, WSIZE, 1), EMA_ERR_RANGE);
+    ck_assert_int_eq(ema_win_prefetch(w, WSIZE, 1), EMA_ERR_RANGE);
+    ck_assert_int_eq(ema_win_prefetch(w, 0, WSIZE + 1), EMA_ERR_RANGE);
+    ck_assert_int_eq(ema_win_prefetch(w, SIZE_MAX, 1), EMA_ERR_RANGE);
+    ck_assert_int_eq(ema_win_prefetch(w, 1, SIZE_MAX), EMA_ERR_RANGE);
+    ck_assert_int_eq(ema_win_prefetch(w, 0, 0), EMA_SUCCESS); /* a hint of nothing */
+    ck_assert_int_eq(ema_win_prefetch(w, 0, WSIZE), EMA_SUCCESS); /* all local: nothing moves */
     ck_assert_int_eq(ema_win_acquire(w, 0, 0), EMA_ERR_INVALID_PARAM);
     ck_assert_int_eq(ema_win_release(w, 0, 0), EMA_ERR_INVALID_PARAM);
     ck_assert_int_eq(ema_win_release(w, 0, 8), EMA_ERR_INVALID_PARAM); /* never acquired */

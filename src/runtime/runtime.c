@@ -385,7 +385,14 @@ EMA_EXPORT ema_status_t ema_finalize(void)
         while (last->next != NULL) {
             last = last->next;
         }
-        ema_win_free(last);
+        ema_status_t st = ema_win_free(last);
+        if (st != EMA_SUCCESS) {
+            /* a peer is gone or the transport failed: the others cannot be
+             * freed collectively either; the process's exit releases them */
+            ema_error("ema_finalize: freeing window %u failed (%s); leaving the rest",
+                      last->id, ema_strerror(st));
+            break;
+        }
     }
     status = ema__xport_flush(&w->xp);
     if (status == EMA_SUCCESS) {

@@ -424,9 +424,12 @@ ema_status_t ema__win_free(ema__win_ctx_t *ctx, ema_win_h win, ema__win_release_
     ctx->dead  = win;
     pthread_mutex_unlock(&ctx->lock);
     /* Borrowed segments went back to their lenders above, each with an
-     * active message handled on arrival; the barrier's messages follow them
-     * on the same endpoints, so once it completes every lender has its
-     * memory back.  Without it a window allocated right after could find a
-     * lender's memory still counted as lent (EMA_ERR_NO_MEMORY). */
+     * active message handled on arrival.  The barrier is all-to-all, and
+     * each rank's barrier message to a lender follows its give-backs on the
+     * same endpoint, so once the barrier completes on a lender, that lender
+     * has its memory back: a window it allocates right after (from its own
+     * memory only) finds it free instead of failing with EMA_ERR_NO_MEMORY.
+     * A third rank's borrow right after may still meet it as lent for a
+     * moment, and then borrows elsewhere. */
     return ema__xport_barrier(ctx->xp);
 }

@@ -29,6 +29,7 @@ EMA_DEVICE_MEMORY=192M EMA_SEGMENT_SIZE=2M "$MPIRUN" --oversubscribe --timeout 1
     -x EMA_HOST_DIRECT -x EMA_DEVICE_MEMORY -x EMA_SEGMENT_SIZE -x EMA_LEND_RESERVE -x EMA_SPILL \
     -x EMA_SPILL_SIZE -n 4 "$top_builddir/tests/mpi/test_borrow_all" || rc=1
 echo "== ema_stress --time 5 (EMA_HOST_DIRECT=n)"
-"$MPIRUN" --oversubscribe --timeout 120 -x EMA_HOST_DIRECT -n 4 \
+"$MPIRUN" --oversubscribe --timeout 120 -x EMA_HOST_DIRECT -x EMA_DEVICE_MEMORY \
+    -x EMA_SEGMENT_SIZE -x EMA_LEND_RESERVE -x EMA_SPILL -x EMA_SPILL_SIZE -n 4 \
     "$top_builddir/tests/stress/ema_stress" --time 5 || rc=1
 exit $rc

@@ -40,9 +40,10 @@ static void ema_pool_reclaim_for_self(ema__pool_t *pool, uint32_t need)
         return;
     }
     uint64_t timeout_ms = (uint64_t)(pool->cfg.reclaim_timeout * 1e3);
-    ema_status_t status = ema__pool_reclaim(pool, n, timeout_ms);
-    if (status != EMA_SUCCESS && status != EMA_ERR_TIMEOUT) {
-        return; /* nothing was withheld */
+    int withheld;
+    ema__pool_reclaim(pool, n, timeout_ms, &withheld);
+    if (!withheld) {
+        return;
     }
     pthread_mutex_lock(&pool->lock);
     pool->withheld -= n; /* what came back is ours to use */
@@ -202,7 +203,8 @@ EMA_EXPORT ema_status_t ema_reclaim(size_t bytes, uint64_t timeout_ms)
     if (bytes == 0 || bytes > pool->arena->capacity) {
         return EMA_ERR_INVALID_PARAM;
     }
-    return ema__pool_reclaim(pool, (uint32_t)((bytes + seg - 1) / seg), timeout_ms);
+    int withheld;
+    return ema__pool_reclaim(pool, (uint32_t)((bytes + seg - 1) / seg), timeout_ms, &withheld);
 }
 
 EMA_EXPORT ema_status_t ema_reclaim_release(size_t bytes)

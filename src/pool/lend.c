@@ -38,7 +38,8 @@ enum {
     EMA_POOL_MSG_BORROW = 1,
     EMA_POOL_MSG_GRANT,
     EMA_POOL_MSG_GIVEBACK,
-    EMA_POOL_MSG_RECALL
+    EMA_POOL_MSG_RECALL,
+    EMA_POOL_MSG_REFUSE /* recalled segments the borrower has nowhere to move */
 };
 
 typedef struct {
@@ -46,8 +47,8 @@ typedef struct {
     uint32_t count;
     uint64_t token;
     uint64_t left;   /* GRANT: lendable segments the lender has left */
-    /* GRANT: count x uint32 segs, count x int64 handles; GIVEBACK/RECALL:
-     * count x uint32 segs */
+    /* GRANT: count x uint32 segs, count x int64 handles; GIVEBACK/RECALL/
+     * REFUSE: count x uint32 segs */
 } ema_pool_msg_t;
 
 typedef struct {
@@ -202,6 +203,27 @@ static void ema_pool_take_back(ema__pool_t *pool, int src, uint32_t count, const
     atomic_fetch_sub(&pool->recall_pending, recalled);
 }
 
+/* The borrower has nowhere to move these recalled segments (no free memory
+ * of its own, no lender, no spill tier): they stay lent, and the reclaim
+ * waiting for them ends now instead of at its timeout. */
+static void ema_pool_refused(ema__pool_t *pool, int src, uint32_t count, const uint32_t *segs)
+{
+    int n = 0;
+
+    pthread_mutex_lock(&pool->lock);
+    for (uint32_t i = 0; i < count; i++) {
+        uint32_t s = segs[i];
+        if (s < pool->arena->pool.nsegs && pool->lent_to[s] == src && pool->recalling[s]) {
+            pool->recalling[s] = 0;
+            n++;
+        }
+    }
+    pthread_mutex_unlock(&pool->lock);
+    ema_debug("rank %d has nowhere to move %d recalled segments: they stay lent", src, n);
+    atomic_fetch_add(&pool->recall_refused, n);
+    atomic_fetch_sub(&pool->recall_pending, n);
+}
+
 /* --- borrower side ------------------------------------------------------- */
 
 static void ema_pool_recall_job(void *arg);
@@ -251,6 +273,11 @@ static void ema_pool_am(void *arg, int src, const void *data, size_t len)
     case EMA_POOL_MSG_GIVEBACK:
         if (plen >= (size_t)m.count * sizeof(uint32_t)) {
             ema_pool_take_back(pool, src, m.count, (const uint32_t *)payload);
+        }
+        break;
+    case EMA_POOL_MSG_REFUSE:
+        if (plen >= (size_t)m.count * sizeof(uint32_t)) {
+            ema_pool_refused(pool, src, m.count, (const uint32_t *)payload);
         }
         break;
     case EMA_POOL_MSG_BORROW:
@@ -580,7 +607,9 @@ ema_status_t ema__pool_migrate_batch(ema__pool_t *pool, ema_win_h win, uint32_t 
     } else {
         got = ema__pool_acquire_segs(pool, n, exclude, EMA_POOL_FROM_ANY, loc, hdl);
         if (got < n) {
-            ema_error("no memory anywhere to move %u of %u segments of window %u", n - got, n,
+            /* the recall path refuses them to the lender (REFUSE): an
+             * answer, not a failure of this rank */
+            ema_debug("no memory anywhere to move %u of %u segments of window %u", n - got, n,
                       win->id);
             status = EMA_ERR_NO_MEMORY;
             n = got; /* move what we can */
@@ -714,8 +743,11 @@ static void ema_pool_recall_job(void *arg)
     uint32_t n          = job->msg.count, retry = 0;
     uint8_t *found      = calloc(n ? n : 1, 1);
     uint32_t *idx       = calloc(n ? n : 1, sizeof(*idx));
+    uint32_t *idx2      = calloc(n ? n : 1, sizeof(*idx2));
+    uint32_t *refuse    = calloc(n ? n : 1, sizeof(*refuse));
+    uint32_t nrefuse    = 0;
 
-    if (found == NULL || idx == NULL) {
+    if (found == NULL || idx == NULL || idx2 == NULL || refuse == NULL) {
         ema_error("out of memory handling a recall from rank %d", job->src);
         goto out;
     }
@@ -754,7 +786,17 @@ static void ema_pool_recall_job(void *arg)
             }
             if (m > 0) {
                 /* the migration gives the old segments back */
+                memcpy(idx2, idx, m * sizeof(*idx));
                 ema__pool_migrate_batch(pool, win, idx, m, job->src, NULL, NULL, 0);
+                /* what could not move (nowhere to put it) is refused, so
+                 * the lender stops waiting for it */
+                for (uint32_t i = 0; i < m; i++) {
+                    ema__loc_t l = atomic_load(&part->loc[idx2[i]]) & ~EMA_LOC_MOVING;
+                    if (idx2[i] < atomic_load(&part->nsegs) && EMA_LOC_RANK(l) == job->src &&
+                        EMA_LOC_TIER(l) == EMA_TIER_DEVICE) {
+                        refuse[nrefuse++] = EMA_LOC_SEG(l);
+                    }
+                }
             }
         }
         pthread_mutex_unlock(&win->lock);
@@ -770,9 +812,18 @@ static void ema_pool_recall_job(void *arg)
                       job->src);
         }
     }
+    if (nrefuse > 0) {
+        ema_pool_msg_t m;
+        memset(&m, 0, sizeof(m));
+        m.type  = EMA_POOL_MSG_REFUSE;
+        m.count = nrefuse;
+        ema_pool_send(pool, job->src, &m, refuse, (size_t)nrefuse * sizeof(uint32_t));
+    }
 out:
     free(found);
     free(idx);
+    free(idx2);
+    free(refuse);
     if (retry > 0) {
         job->msg.count = retry;
         ema__xport_defer(pool->xp, 0, ema_pool_recall_job, job);
@@ -787,13 +838,16 @@ out:
  * Recall lent segments until @target of them are free and withheld (in
  * addition to those withheld already); waits up to @timeout_ms.
  */
-ema_status_t ema__pool_reclaim(ema__pool_t *pool, uint32_t target, uint64_t timeout_ms)
+ema_status_t ema__pool_reclaim(ema__pool_t *pool, uint32_t target, uint64_t timeout_ms,
+                               int *withheld_p)
 {
     double t0 = ema__now_us();
+    int refused0 = atomic_load(&pool->recall_refused);
     uint32_t nsegs = pool->arena->pool.nsegs, sent = 0, idle = 0;
     ema_status_t status = EMA_SUCCESS;
     uint32_t *segs = malloc(sizeof(uint32_t) * (nsegs ? nsegs : 1));
 
+    *withheld_p = 0;
     if (segs == NULL) {
         return EMA_ERR_NO_MEMORY;
     }
@@ -809,6 +863,7 @@ ema_status_t ema__pool_reclaim(ema__pool_t *pool, uint32_t target, uint64_t time
         return EMA_ERR_NO_MEMORY;
     }
     pool->withheld += target; /* stop lending them now */
+    *withheld_p = 1;
     pthread_mutex_unlock(&pool->lock);
 
     /* Recall lent segments, grouped by borrower; one whose grant is still
@@ -879,6 +934,11 @@ ema_status_t ema__pool_reclaim(ema__pool_t *pool, uint32_t target, uint64_t time
         }
     }
     free(segs);
+    int refused = atomic_load(&pool->recall_refused) - refused0;
+    if (status == EMA_SUCCESS && refused > 0) {
+        ema_debug("reclaim: borrowers had nowhere to move %d segments", refused);
+        status = EMA_ERR_NO_MEMORY;
+    }
     double us = ema__now_us() - t0;
     if (sent > 0) {
         atomic_fetch_add(&pool->reclaims, 1);
@@ -983,6 +1043,7 @@ ema_status_t ema__pool_init(ema__pool_t *pool, ema__win_ctx_t *win, ema__mem_are
         atomic_init(&pool->peer_lendable[r], cap > pool->reserve_segs ? cap - pool->reserve_segs : 0);
     }
     atomic_init(&pool->recall_pending, 0);
+    atomic_init(&pool->recall_refused, 0);
     ema__xport_set_am_handler(pool->xp, EMA_AM_POOL, ema_pool_am, pool);
     ema__pool_world = pool;
     return EMA_SUCCESS;

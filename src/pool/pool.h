@@ -49,6 +49,7 @@ typedef struct ema__pool {
     uint8_t           *granting;     /* [nsegs]: lent, grant not sent yet */
     uint32_t           withheld;     /* free segments not to be lent or used */
     atomic_int         recall_pending;
+    atomic_int         recall_refused; /* recalled segments borrowers could not move */
 
     pthread_mutex_t    acq_lock;      /* granted segments not mapped yet */
     ema__loc_t        *acq;
@@ -96,6 +97,11 @@ ema_status_t ema__pool_migrate(ema__pool_t *pool, ema_win_h win, uint32_t idx, i
 ema_status_t ema__pool_migrate_batch(ema__pool_t *pool, ema_win_h win, uint32_t *idx,
                                      uint32_t n, int exclude, const ema__loc_t *targets,
                                      const int64_t *handles, unsigned flags);
-ema_status_t ema__pool_reclaim(ema__pool_t *pool, uint32_t target, uint64_t timeout_ms);
+/* Recall until @target segments are free and withheld.  EMA_ERR_TIMEOUT at
+ * the timeout, EMA_ERR_NO_MEMORY when a borrower had nowhere to move some
+ * (both: what came back stays withheld, the rest stays lent; *withheld_p
+ * says whether @target was withheld at all). */
+ema_status_t ema__pool_reclaim(ema__pool_t *pool, uint32_t target, uint64_t timeout_ms,
+                               int *withheld_p);
 
 #endif

@@ -1712,6 +1712,52 @@ static void test_grow_fails_no_memory_when_all_peer_memory_used(void)
 
 /* ------------------------------------------------------------------------ */
 
+/* Every peer's lendable memory backs rank 0's window and there is no spill
+ * tier: a lender's reclaim finds the borrower with nowhere to move the
+ * data.  The borrower refuses the recall, so the reclaim fails at once with
+ * EMA_ERR_NO_MEMORY instead of waiting out its timeout; nothing moves,
+ * nothing is lost, and the withheld memory can be released. */
+static void test_reclaim_with_nowhere_to_move_fails_fast(void)
+{
+    grown_t g;
+    ema_mem_stat_t st[64];
+
+    scenario_begin(__func__);
+    wait_clean("start");
+    gather_mem_stats(st);
+    size_t pl = peers_lendable(st);
+    int ok = grow_window(&g, pl, 0, 130);
+    gather_mem_stats(st);
+    int L = top_lender(st);
+    size_t lent = st[L].bytes_lent, take = st[L].bytes_free + st[L].bytes_lent;
+    if (ok && ema_t_rank == L) {
+        double t0 = t_now();
+        T_STATUS(ema_reclaim(take, 10000), EMA_ERR_NO_MEMORY);
+        double dt = t_now() - t0;
+        T_EXPECT(dt < 2.0, "ema_reclaim with nowhere to move took %.3f s (timeout 10 s)", dt);
+        printf("# rank %d's reclaim of %zu bytes failed in %.1f ms: nowhere to move them\n", L,
+               take, dt * 1e3);
+        fflush(stdout);
+        ema_mem_stat_t m;
+        T_OK(ema_mem_stat(&m));
+        T_EXPECT(m.bytes_lent == lent, "lender lends %zu after the refused reclaim, not %zu",
+                 m.bytes_lent, lent);
+        if (m.bytes_withheld > 0) {
+            T_STATUS(ema_reclaim_release(m.bytes_withheld), EMA_SUCCESS);
+        }
+    }
+    T_OK(ema_barrier());
+    if (ok && ema_t_rank == 0) {
+        ema_win_stat_t ws;
+        win_stat(g.win, &ws);
+        T_EXPECT(ws.bytes_borrowed == pl && ws.size == g.size, "owner: " WS_FMT, WS_ARGS(ws));
+        check_local(g.win, g.base, 0, g.size, 130, "owner's loads after the refused reclaim");
+    }
+    T_OK(ema_barrier());
+    T_OK(ema_win_free(g.win));
+    scenario_end();
+}
+
 int main(int argc, char **argv)
 {
     const char *mode = argc > 1 ? argv[1] : "default";
@@ -1765,6 +1811,7 @@ int main(int argc, char **argv)
     } else if (strcmp(mode, "nomem") == 0) {
         test_grow_fails_no_memory_leaves_window_unchanged();
         test_grow_fails_no_memory_when_all_peer_memory_used();
+        test_reclaim_with_nowhere_to_move_fails_fast();
     } else {
         fprintf(stderr, "test_elastic: unknown mode %s\n", mode);
         ema_t_failures++;

@@ -9,7 +9,7 @@
  *   double   each rank has 2C bytes of its own: the upper bound.
  *
  *   EMA_DEVICE_MEMORY=64M EMA_LEND_RESERVE=0 EMA_SPILL=none \
- *       mpirun -n 4 -x EMA_DEVICE_MEMORY -x EMA_LEND_RESERVE -x EMA_SPILL \
+ *       mpirun --oversubscribe -n 4 -x EMA_DEVICE_MEMORY -x EMA_LEND_RESERVE -x EMA_SPILL \
  *       bench/kv_serving [--time S] [--rate R] [--skew F] [--step-us U] [--seed N]
  *
  * (EMA_SPILL=none: on GPUs the spill tier is host memory across PCIe, so

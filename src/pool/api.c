@@ -122,6 +122,51 @@ out:
     return status;
 }
 
+/*
+ * Bring segments [first, last] of the own part home, into free local
+ * memory, as one migration batch: spilled ones first, then borrowed ones,
+ * as far as there is room (nothing is reclaimed or evicted for it).  With
+ * EMA_POOL_SKIP_HELD, segments held with ema_win_acquire stay where they
+ * are.  Called with win->lock held; used by shrink and prefetch.
+ */
+static void ema_pool_bring_home(ema__pool_t *pool, ema_win_h win, uint32_t first, uint32_t last,
+                                unsigned flags)
+{
+    ema__win_part_t *part = &win->parts[pool->rank];
+    uint32_t ns = atomic_load(&part->nsegs), n = 0;
+
+    if (ns == 0 || first >= ns) {
+        return;
+    }
+    last = (last < ns) ? last : ns - 1;
+    uint32_t want    = last - first + 1;
+    uint32_t *idx    = calloc(want, sizeof(*idx));
+    ema__loc_t *locs = calloc(want, sizeof(*locs));
+    int64_t *hdls    = calloc(want, sizeof(*hdls));
+    for (int pass = 0; pass < 2 && idx != NULL; pass++) {
+        for (uint32_t i = first; i <= last; i++) {
+            ema__loc_t l = atomic_load(&part->loc[i]) & ~EMA_LOC_MOVING;
+            int spilled  = EMA_LOC_TIER(l) == EMA_TIER_SPILL;
+            int borrowed = !spilled && EMA_LOC_RANK(l) != pool->rank;
+            if ((pass == 0 ? spilled : borrowed) &&
+                !((flags & EMA_POOL_SKIP_HELD) && atomic_load(&win->held[i]) > 0)) {
+                idx[n++] = i;
+            }
+        }
+    }
+    if (n > 0 && locs != NULL && hdls != NULL) {
+        /* the first got of the list (spilled first) move */
+        uint32_t got = ema__pool_acquire_segs(pool, n, -1, EMA_POOL_FROM_LOCAL, locs, hdls);
+        if (got > 0) {
+            ema_debug("window %u: %u of %u segments home", win->id, got, n);
+            ema__pool_migrate_batch(pool, win, idx, got, -1, locs, hdls, flags);
+        }
+    }
+    free(idx);
+    free(locs);
+    free(hdls);
+}
+
 EMA_EXPORT ema_status_t ema_win_shrink(ema_win_h win, size_t new_size)
 {
     ema__pool_t *pool = ema__pool_world;
@@ -167,26 +212,10 @@ EMA_EXPORT ema_status_t ema_win_shrink(ema_win_h win, size_t new_size)
     }
     free(old);
 
-    /* What stays should live locally where there is room: bring spilled
-     * segments home first, then borrowed ones. */
-    for (int tier_pass = 0; tier_pass < 2 && status == EMA_SUCCESS; tier_pass++) {
+    /* What stays should live locally where there is room */
+    if (status == EMA_SUCCESS && keep > 0) {
         pthread_mutex_lock(&win->lock);
-        for (uint32_t i = 0; i < keep; i++) {
-            ema__loc_t l = atomic_load(&part->loc[i]);
-            int spilled  = EMA_LOC_TIER(l) == EMA_TIER_SPILL;
-            int borrowed = !spilled && EMA_LOC_RANK(l) != ctx->rank;
-            if ((tier_pass == 0 && !spilled) || (tier_pass == 1 && !borrowed)) {
-                continue;
-            }
-            ema__loc_t loc;
-            int64_t handle;
-            if (ema__pool_acquire_segs(pool, 1, -1, EMA_POOL_FROM_LOCAL, &loc, &handle) != 1) {
-                break; /* no local room left */
-            }
-            if (ema__pool_migrate(pool, win, i, -1, loc, handle) != EMA_SUCCESS) {
-                break;
-            }
-        }
+        ema_pool_bring_home(pool, win, 0, keep - 1, 0);
         pthread_mutex_unlock(&win->lock);
     }
     return status;
@@ -295,42 +324,16 @@ typedef struct {
     uint32_t     first, last; /* segments of the own part */
 } ema_pool_prefetch_t;
 
-/* On the progress engine: the range's borrowed and spilled segments, in
- * order, into free local memory (as many as there is room for), as one
- * batch; held segments are skipped, not waited for. */
+/* On the progress engine; held segments are skipped, not waited for: a
+ * hint must not stall the engine behind the application. */
 static void ema_pool_prefetch_job(void *arg)
 {
     ema_pool_prefetch_t *job = arg;
-    ema__pool_t *pool        = job->pool;
-    ema_win_h win            = job->win;
-    ema__win_part_t *part    = &win->parts[pool->rank];
-    uint32_t n = 0, want = job->last - job->first + 1;
-    uint32_t *idx    = calloc(want, sizeof(*idx));
-    ema__loc_t *locs = calloc(want, sizeof(*locs));
-    int64_t *hdls    = calloc(want, sizeof(*hdls));
 
-    pthread_mutex_lock(&win->lock);
-    uint32_t ns = atomic_load(&part->nsegs);
-    for (uint32_t i = job->first; idx != NULL && i <= job->last && i < ns; i++) {
-        ema__loc_t l = atomic_load(&part->loc[i]) & ~EMA_LOC_MOVING;
-        if ((EMA_LOC_TIER(l) == EMA_TIER_SPILL || EMA_LOC_RANK(l) != pool->rank) &&
-            atomic_load(&win->held[i]) == 0) {
-            idx[n++] = i;
-        }
-    }
-    if (n > 0 && locs != NULL && hdls != NULL) {
-        uint32_t got = ema__pool_acquire_segs(pool, n, -1, EMA_POOL_FROM_LOCAL, locs, hdls);
-        if (got > 0) {
-            ema_debug("prefetch of window %u: %u of %u segments to local memory", win->id, got,
-                      n);
-            ema__pool_migrate_batch(pool, win, idx, got, -1, locs, hdls, EMA_POOL_SKIP_HELD);
-        }
-    }
-    pthread_mutex_unlock(&win->lock);
-    free(idx);
-    free(locs);
-    free(hdls);
-    atomic_fetch_sub(&win->prefetching, 1);
+    pthread_mutex_lock(&job->win->lock);
+    ema_pool_bring_home(job->pool, job->win, job->first, job->last, EMA_POOL_SKIP_HELD);
+    pthread_mutex_unlock(&job->win->lock);
+    atomic_fetch_sub(&job->win->prefetching, 1);
     free(job);
 }
 

@@ -726,13 +726,6 @@ out:
     return status;
 }
 
-ema_status_t ema__pool_migrate(ema__pool_t *pool, ema_win_h win, uint32_t idx, int exclude,
-                               ema__loc_t target, int64_t target_handle)
-{
-    return ema__pool_migrate_batch(pool, win, &idx, 1, exclude, target ? &target : NULL,
-                                   target ? &target_handle : NULL, 0);
-}
-
 /* A lender wants these segments back: move the data (one batch per
  * window), give them back. */
 static void ema_pool_recall_job(void *arg)

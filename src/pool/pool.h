@@ -85,11 +85,9 @@ void         ema__pool_release_loc(ema__pool_t *pool, ema__loc_t loc);
 void         ema__pool_acq_done(ema__pool_t *pool, const ema__loc_t *locs, uint32_t n);
 void         ema__pool_giveback(ema__pool_t *pool, int lender, uint32_t count,
                                 const uint32_t *segs);
-/* Move segment @idx of the own part of @win to @target (0: find memory,
- * never at @exclude).  Called with win->lock held. */
-ema_status_t ema__pool_migrate(ema__pool_t *pool, ema_win_h win, uint32_t idx, int exclude,
-                               ema__loc_t target, int64_t target_handle);
-/* The same for several segments at once (@idx is sorted in place).  With
+/* Move segments @idx[0..n) of the own part of @win to @targets (with
+ * @handles), or, if NULL, to memory found anywhere but at @exclude, as one
+ * batch (@idx is sorted in place).  Called with win->lock held.  With
  * EMA_POOL_SKIP_HELD, segments held with ema_win_acquire are left where
  * they are instead of waited for (a prefetch: a hint that must not stall
  * the progress engine behind the application). */

@@ -220,9 +220,10 @@ static ema_status_t ema_rma_blocking(ema_win_h win, ema_op_t op, int rank, size_
     ema_status_t status = EMA_SUCCESS, st;
     int nreqs = 0, trank, tier, ep;
     uint64_t raddr;
-    /* the ranks this put went to (ctx->put_flush), for their flushes */
-    int fl_rank[4], nfl = 0, fl_ok = (op == EMA_OP_PUT && ctx->put_flush);
-    uint64_t fl_count[4];
+    /* ctx->put_flush: the one rank this put went to, whose flush goes with
+     * it (-1: none yet; a put whose runs live on several ranks, rare, leaves
+     * its flushes to ema_win_flush) */
+    int fl_rank = -1, fl_ok = (op == EMA_OP_PUT && ctx->put_flush);
 
     param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK;
     param.cb.send      = ema_rma_noop_cb;
@@ -238,18 +239,8 @@ static ema_status_t ema_rma_blocking(ema_win_h win, ema_op_t op, int rank, size_
         ucs_status_ptr_t sp = ema_rma_issue(ctx, op, trank, tier, buf, n, raddr, &param);
         if (op == EMA_OP_PUT) {
             ema_rma_issued(ctx, trank, ep); /* complete at the target after a flush */
-            if (fl_ok && (nfl == 0 || fl_rank[nfl - 1] != trank)) {
-                int i = 0;
-                while (i < nfl && fl_rank[i] != trank) {
-                    i++;
-                }
-                if (i == nfl) {
-                    fl_ok = (nfl < (int)(sizeof(fl_rank) / sizeof(fl_rank[0])));
-                    if (fl_ok) {
-                        fl_rank[nfl++] = trank;
-                    }
-                }
-            }
+            fl_ok   = fl_ok && (fl_rank < 0 || fl_rank == trank);
+            fl_rank = trank;
         } else {
             ema_rma_leave(ctx, ep); /* complete when it returns */
         }
@@ -270,13 +261,13 @@ static ema_status_t ema_rma_blocking(ema_win_h win, ema_op_t op, int rank, size_
         offset += n;
         len -= n;
     }
-    /* The flush of each target, issued now and waited for with the puts:
-     * what the count says was issued before it, it completes. */
-    fl_ok = fl_ok && status == EMA_SUCCESS;
-    for (int i = 0; fl_ok && i < nfl; i++) {
-        ucs_status_ptr_t sp;
-        fl_count[i] = atomic_load(&ctx->issued[fl_rank[i]]);
-        sp          = ucp_ep_flush_nbx(ctx->xp->eps[fl_rank[i]], &param);
+    /* The target's flush, issued now and waited for with the puts: what
+     * the count says was issued before it, it completes. */
+    uint64_t fl_count = 0;
+    fl_ok = fl_ok && fl_rank >= 0 && status == EMA_SUCCESS;
+    if (fl_ok) {
+        fl_count            = atomic_load(&ctx->issued[fl_rank]);
+        ucs_status_ptr_t sp = ucp_ep_flush_nbx(ctx->xp->eps[fl_rank], &param);
         if (UCS_PTR_IS_ERR(sp) || nreqs == (int)(sizeof(reqs) / sizeof(reqs[0]))) {
             st     = ema__xport_wait(ctx->xp, sp, "ucp_ep_flush_nbx");
             status = (status == EMA_SUCCESS) ? st : status;
@@ -289,8 +280,8 @@ static ema_status_t ema_rma_blocking(ema_win_h win, ema_op_t op, int rank, size_
                                  op == EMA_OP_PUT ? "ucp_put_nbx or its flush" : "ucp_get_nbx");
         status = (status == EMA_SUCCESS) ? st : status;
     }
-    for (int i = 0; fl_ok && status == EMA_SUCCESS && i < nfl; i++) {
-        atomic_store(&ctx->flushed[fl_rank[i]], fl_count[i]);
+    if (fl_ok && status == EMA_SUCCESS) {
+        atomic_store(&ctx->flushed[fl_rank], fl_count);
     }
     ema__xport_app_leave(ctx->xp);
     return status;

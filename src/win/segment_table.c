@@ -243,8 +243,9 @@ ema_status_t ema__win_seg_move_batch(ema_win_h win, const uint32_t *idx, const e
     }
     free(marks);
     ema_debug("window %u: moved %u of %u segments in %u runs: setup %.0f us, copy %.0f us, "
-              "unmap %.0f us, map %.0f us, copy waits and scratch release %.0f us", win->id, *ok_p, n, nruns,
-              t1 - t0, t2 - t1, t_unmap, t_map, ema__now_us() - t2 - t_unmap - t_map);
+              "unmap %.0f us, map %.0f us, copy waits and scratch release %.0f us", win->id,
+              *ok_p, n, nruns, t1 - t0, t2 - t1, t_unmap, t_map,
+              ema__now_us() - t2 - t_unmap - t_map);
     free(runs);
     return (status == EMA_SUCCESS) ? setup : status;
 }

@@ -82,7 +82,7 @@ typedef struct ema__win_ctx {
      * the target's CPU dereferences the device pointer): the rank holding
      * the word performs them, serialized by amo_lock (ema__win_amo). */
     int                amo_by_holder;
-    /* A blocking put issues the flush of its targets with it and waits for
+    /* A blocking put issues the flush of its target with it (when it has one) and waits for
      * both together, so the ema_win_flush after it has nothing left to do.
      * On the cuda kind (cuda_ipc) a put completes when the copy engine has
      * written the target's memory, so that flush costs nothing more, while

@@ -6,12 +6,13 @@
  *
  *   mpirun -n 2 ema_perf [--csv] [--op put|get|borrow|reclaim|all] [--min 8] [--max 64M]
  *                        [--iters N] [--warmup N] [--time S] [--ucx-thread multi|single]
- *                        [--raw-mem cudamalloc|vmm]
+ *                        [--raw-mem cudamalloc|vmm] [--timer events|wall]
  *                        [--reclaim-sizes 64M,256M,1G] [-v]
  *
  * Rank 0 is the origin, rank 1 the target.  For each op and size the origin
  * times every iteration, (one op + flush of the target's endpoint), with
- * CLOCK_MONOTONIC.  EMA and raw UCX run in alternating blocks in ABBA order
+ * CLOCK_MONOTONIC; on the cuda kind (--timer events) it times runs of
+ * PERF_MARK_OPS iterations with CUDA events instead.  EMA and raw UCX run in alternating blocks in ABBA order
  * (E R R E E R R E ...) so machine noise and drift hit both alike; a row
  * reports the median of each.  Bandwidth is size / median latency.
  *
@@ -98,12 +99,19 @@
 
 enum { CMD_EMA = 1, CMD_RAW = 2, CMD_DONE = 3 };
 enum { IMPL_EMA = 0, IMPL_RAW = 1, IMPL_NUM = 2 };
+enum { PERF_TIMER_AUTO = 0, PERF_TIMER_WALL, PERF_TIMER_EVENTS };
 
 #define BLOCKS_PER_IMPL 8 /* blocks per implementation per row (even: ABBA) */
+/* --timer events: ops per pair of CUDA events.  One sample is the mean of a
+ * run of this many ops, so that a mark's own cost (a few microseconds of
+ * cudaEventRecord, outside the interval but delaying the GPU's stamp by a
+ * little) is spread thin; the row is the median over runs. */
+#define PERF_MARK_OPS   16
 
 typedef struct {
     int    csv, verbose, single;
     int    raw_vmm; /* cuda: the raw target buffer is a VMM allocation (--raw-mem vmm) */
+    int    timer;   /* put/get: PERF_TIMER_*; AUTO: events on the cuda kind, else wall */
     char   ops[256];
     size_t min, max;
     long   iters;       /* -1: chosen per size */
@@ -157,6 +165,8 @@ typedef struct perf {
     /* samples of the current row, microseconds */
     double *samples[IMPL_NUM];
     size_t  nsamples[IMPL_NUM], cap;
+    size_t  niters[IMPL_NUM];  /* ops timed (more than samples with events) */
+    int     nmarks;            /* CUDA events reserved (--timer events) */
 } perf_t;
 
 typedef struct {
@@ -730,8 +740,19 @@ static int perf_drive(perf_t *p, int op_index, size_t size, const perf_rma_t *rm
     int warm[IMPL_NUM] = {0, 0};
     double timed = 0.0;
 
+    int events = (p->o.timer == PERF_TIMER_EVENTS);
     perf_reserve_samples(p, (size_t)block * BLOCKS_PER_IMPL);
     p->nsamples[IMPL_EMA] = p->nsamples[IMPL_RAW] = 0;
+    p->niters[IMPL_EMA] = p->niters[IMPL_RAW] = 0;
+    if (events) {
+        int need = 2 * (int)((block + PERF_MARK_OPS - 1) / PERF_MARK_OPS);
+        if (need > p->nmarks) {
+            if (perf_gpu_marks_reserve(need) != 0) {
+                perf_die("CUDA events for --timer events: %s", perf_gpu_error());
+            }
+            p->nmarks = need;
+        }
+    }
 
     for (int b = 0; b < 2 * BLOCKS_PER_IMPL; b++) {
         /* ABBA: E R R E E R R E ... */
@@ -751,18 +772,50 @@ static int perf_drive(perf_t *p, int op_index, size_t size, const perf_rma_t *rm
         }
         long todo = block;
         if (!capped) {
-            long left = iters - (long)p->nsamples[impl];
+            long left = iters - (long)p->niters[impl];
             todo = left < block ? left : block;
         }
         double *s = p->samples[impl] + p->nsamples[impl];
-        for (long i = 0; i < todo; i++) {
-            double t0 = perf_now();
-            iter(p, size);
-            double t1 = perf_now();
-            s[i] = (t1 - t0) * 1e6;
-            timed += t1 - t0;
+        if (events) {
+            /* runs of PERF_MARK_OPS ops between two events; read after the
+             * block, so that no wait on an event falls between the ops */
+            long nrun = (todo + PERF_MARK_OPS - 1) / PERF_MARK_OPS;
+            for (long r = 0; r < nrun; r++) {
+                long k = todo - r * PERF_MARK_OPS;
+                k = k < PERF_MARK_OPS ? k : PERF_MARK_OPS;
+                if (perf_gpu_mark((int)(2 * r)) != 0) {
+                    perf_die("cudaEventRecord: %s", perf_gpu_error());
+                }
+                double t0 = perf_now();
+                for (long i = 0; i < k; i++) {
+                    iter(p, size);
+                }
+                timed += perf_now() - t0;
+                if (perf_gpu_mark((int)(2 * r + 1)) != 0) {
+                    perf_die("cudaEventRecord: %s", perf_gpu_error());
+                }
+            }
+            for (long r = 0; r < nrun; r++) {
+                long k = todo - r * PERF_MARK_OPS;
+                k = k < PERF_MARK_OPS ? k : PERF_MARK_OPS;
+                double us;
+                if (perf_gpu_mark_us((int)(2 * r), (int)(2 * r + 1), &us) != 0) {
+                    perf_die("cudaEventElapsedTime: %s", perf_gpu_error());
+                }
+                s[r] = us / (double)k;
+            }
+            p->nsamples[impl] += (size_t)nrun;
+        } else {
+            for (long i = 0; i < todo; i++) {
+                double t0 = perf_now();
+                iter(p, size);
+                double t1 = perf_now();
+                s[i] = (t1 - t0) * 1e6;
+                timed += t1 - t0;
+            }
+            p->nsamples[impl] += (size_t)todo;
         }
-        p->nsamples[impl] += (size_t)todo;
+        p->niters[impl] += (size_t)todo;
         if (rma->after_block != NULL && rma->after_block(p, op_index, size, impl) != 0) {
             perf_cmd(p, CMD_DONE);
             return -1;
@@ -774,7 +827,7 @@ static int perf_drive(perf_t *p, int op_index, size_t size, const perf_rma_t *rm
     }
     perf_cmd(p, CMD_DONE);
     for (int i = 0; i < IMPL_NUM; i++) {
-        row->n[i]  = p->nsamples[i];
+        row->n[i]  = p->niters[i];
         row->us[i] = perf_median(p->samples[i], p->nsamples[i]);
     }
     return 0;
@@ -1397,6 +1450,9 @@ static void perf_usage(FILE *f)
         "                     worker) or single\n"
         "  --raw-mem KIND     cuda kind: the raw UCX target buffer, cudamalloc (default)\n"
         "                     or vmm (one cuMemCreate allocation, as EMA's segments)\n"
+        "  --timer KIND       put and get: events (CUDA events around runs of 16 ops,\n"
+        "                     the default on the cuda kind; cuda kind only) or wall\n"
+        "                     (the wall clock around each op, the default on host)\n"
         "  --reclaim-sizes L  reclaim sizes, a comma list (default 64M,256M,1G); sizes\n"
         "                     that do not fit are skipped with a note\n"
         "  --kernel-size S    the window of the kernel row (default 1G on the cuda\n"
@@ -1419,9 +1475,11 @@ static void perf_usage(FILE *f)
         "  the ucx columns hold the same pass over an all-local window; ratio =\n"
         "  local / borrowed.  Goal: ratio >= 0.97.\n"
         "On the cuda kind buffers and windows are device memory, and the copy of the\n"
-        "  reclaim rows is a cudaMemcpy timed with CUDA events; put and get are timed\n"
-        "  with the wall clock around op + flush, since UCX completes them on its own\n"
-        "  CUDA streams.\n"
+        "  reclaim rows is a cudaMemcpy timed with CUDA events.  Put and get are timed\n"
+        "  with CUDA events too: UCX copies on its own CUDA streams, so the events are\n"
+        "  recorded on ema_perf's own, idle stream before a run of 16 ops and after\n"
+        "  the run's last flush has returned; a row is the median over runs of the\n"
+        "  mean per op.\n"
         "Unless EMA_DEVICE_MEMORY is set, the capacity is max(1G, 2 * --max), and with\n"
         "reclaim at least 2 * the largest reclaim size + 64M.\n");
 }
@@ -1444,6 +1502,7 @@ static int perf_parse(int argc, char **argv, perf_opts_t *o)
         {"reclaim-sizes", required_argument, NULL, 'R'},
         {"kernel-size", required_argument, NULL, 'K'},
         {"raw-mem", required_argument, NULL, 'G'},
+        {"timer", required_argument, NULL, 'C'},
         {NULL, 0, NULL, 0}};
     int opt;
     char *end;
@@ -1486,6 +1545,11 @@ static int perf_parse(int argc, char **argv, perf_opts_t *o)
         case 'G':
             if (strcmp(optarg, "cudamalloc") == 0) o->raw_vmm = 0;
             else if (strcmp(optarg, "vmm") == 0) o->raw_vmm = 1;
+            else return -1;
+            break;
+        case 'C':
+            if (strcmp(optarg, "events") == 0) o->timer = PERF_TIMER_EVENTS;
+            else if (strcmp(optarg, "wall") == 0) o->timer = PERF_TIMER_WALL;
             else return -1;
             break;
         case 'T':
@@ -1559,7 +1623,14 @@ static void perf_print_header(perf_t *p, unsigned opmask)
            ucp_get_version_string(), p->o.single ? "single" : "multi",
            !p->gpu ? "a memfd" : p->o.raw_vmm ? "one VMM allocation, like EMA's arena (cuda_ipc)"
                                               : "cudaMalloc'ed (cuda_ipc)");
-    printf("# us: median of one op + flush; GB/s = size / median (1 GB = 1e9 B)\n"
+    if (p->o.timer == PERF_TIMER_EVENTS) {
+        printf("# us: one op + flush, timed with CUDA events on ema_perf's own stream around\n"
+               "#   runs of %d ops (the last flush returned before the closing event):\n"
+               "#   the median over runs of the mean per op\n", PERF_MARK_OPS);
+    } else {
+        printf("# us: median of one op + flush, wall clock\n");
+    }
+    printf("# GB/s = size / us (1 GB = 1e9 B)\n"
            "# ratio = ucx_us / ema_us: > 1 EMA faster, < 1 EMA slower than raw UCX\n");
     if (opmask & 3u) { /* put, get; borrow and reclaim print their own */
         printf("%-4s %8s %10s %9s %10s %9s %7s %7s\n", "op", "size", "ema_us", "ema_GB/s",
@@ -1704,6 +1775,11 @@ int main(int argc, char **argv)
         p->gpu = (ms.memory_kind == EMA_MEMORY_KIND_CUDA);
         if (p->gpu && perf_gpu_init(ms.device < 0 ? 0 : ms.device) != 0) {
             perf_die("the cuda memory kind needs ema_perf's GPU side: %s", perf_gpu_error());
+        }
+        if (p->o.timer == PERF_TIMER_AUTO) {
+            p->o.timer = p->gpu ? PERF_TIMER_EVENTS : PERF_TIMER_WALL;
+        } else if (p->o.timer == PERF_TIMER_EVENTS && !p->gpu) {
+            perf_die("--timer events needs the cuda memory kind (EMA_MEMORY_KIND=cuda)");
         }
     }
     EMA_CHECK(ema_win_allocate(CTL_SIZE, NULL, (void **)&p->ctl_base, &p->ctl_win));

@@ -15,6 +15,7 @@
 #include <cudaTypedefs.h>
 #include <cuda_runtime.h>
 #include <stdio.h>
+#include <stdlib.h>
 
 static char perf_gpu_errbuf[256] = "";
 static cudaStream_t perf_gpu_stream;
@@ -301,6 +302,44 @@ template <typename F> static int perf_gpu_timed(const char *what, F enqueue, dou
     if (e != cudaSuccess) {
         return perf_gpu_fail(what, e);
     }
+    *us_p = ms * 1e3;
+    return 0;
+}
+
+/* The stopwatch of put and get: events recorded on ema_perf's own stream,
+ * which holds no other work, so each is stamped on the GPU's clock as soon
+ * as the host records it.  A mark recorded after a flush has returned comes
+ * after the data movement it waited for on UCX's own streams. */
+static cudaEvent_t *perf_gpu_marks;
+static int          perf_gpu_nmarks;
+
+extern "C" int perf_gpu_marks_reserve(int n)
+{
+    if (n <= perf_gpu_nmarks) {
+        return 0;
+    }
+    cudaEvent_t *m = (cudaEvent_t *)realloc(perf_gpu_marks, (size_t)n * sizeof(*m));
+    if (m == NULL) {
+        return perf_gpu_fail("marks", cudaErrorMemoryAllocation);
+    }
+    perf_gpu_marks = m;
+    for (; perf_gpu_nmarks < n; perf_gpu_nmarks++) {
+        GPU_CALL(cudaEventCreate(&perf_gpu_marks[perf_gpu_nmarks]));
+    }
+    return 0;
+}
+
+extern "C" int perf_gpu_mark(int i)
+{
+    GPU_CALL(cudaEventRecord(perf_gpu_marks[i], perf_gpu_stream));
+    return 0;
+}
+
+extern "C" int perf_gpu_mark_us(int a, int b, double *us_p)
+{
+    float ms = 0;
+    GPU_CALL(cudaEventSynchronize(perf_gpu_marks[b]));
+    GPU_CALL(cudaEventElapsedTime(&ms, perf_gpu_marks[a], perf_gpu_marks[b]));
     *us_p = ms * 1e3;
     return 0;
 }

@@ -31,6 +31,12 @@ int   perf_gpu_copy(void *dst, const void *src, size_t len);
  * kernel that reads and writes every word of [p, p+len) (adds 1). */
 int   perf_gpu_memcpy_us(void *dst, const void *src, size_t len, double *us_p);
 int   perf_gpu_passes_us(void *p, size_t len, int passes, double *us_p);
+/* A stopwatch on the GPU's clock for work done on other streams: @n events
+ * (reserve), event @i recorded now (mark), microseconds from event @a to
+ * event @b, waiting for @b (mark_us). */
+int   perf_gpu_marks_reserve(int n);
+int   perf_gpu_mark(int i);
+int   perf_gpu_mark_us(int a, int b, double *us_p);
 #else
 static inline const char *perf_gpu_error(void)
 {
@@ -51,6 +57,10 @@ static inline int   perf_gpu_memcpy_us(void *dst, const void *src, size_t len, d
 { (void)dst; (void)src; (void)len; (void)us_p; return -1; }
 static inline int   perf_gpu_passes_us(void *p, size_t len, int passes, double *us_p)
 { (void)p; (void)len; (void)passes; (void)us_p; return -1; }
+static inline int   perf_gpu_marks_reserve(int n) { (void)n; return -1; }
+static inline int   perf_gpu_mark(int i) { (void)i; return -1; }
+static inline int   perf_gpu_mark_us(int a, int b, double *us_p)
+{ (void)a; (void)b; (void)us_p; return -1; }
 #endif
 
 #ifdef __cplusplus

@@ -65,6 +65,7 @@ typedef struct ema__xport {
     int                 efd;
     ema__xport_config_t cfg;
     size_t              request_size; /* user space in each UCX request */
+    unsigned            idle_mask;    /* ema__xport_idle yields every idle_mask+1 calls */
 
     struct {
         ema__am_handler_cb cb;

@@ -8,6 +8,8 @@
 #include <poll.h>
 #include <sched.h>
 #include <string.h>
+#include <sys/prctl.h>
+#include <time.h>
 
 #define EMA_PROGRESS_CFG(_f) offsetof(ema__progress_config_t, _f)
 
@@ -60,6 +62,7 @@ static unsigned ema_progress_thread_once(ema__progress_t *pg)
      * worker anyway: an application whose calls never wait (operations that
      * complete in place) progresses nothing, and peers' control messages
      * must not wait for its next wait. */
+    pg->held = 1;
     if (now - pg->progressed < EMA_PROGRESS_FORCE_US) {
         if (app & EMA_XPORT_APP_MASK) {
             return (unsigned)ema__xport_run_deferred(xp, 0);
@@ -75,8 +78,20 @@ static unsigned ema_progress_thread_once(ema__progress_t *pg)
             }
         }
     }
+    pg->held       = 0;
     pg->progressed = now;
     return ema__progress_once(pg);
+}
+
+/* A nap while held off: long enough that its wake-ups cost an application
+ * sharing the core nothing noticeable, short against the forced pass
+ * (EMA_PROGRESS_FORCE_US) and against a borrow (DESIGN: <= 100 us). */
+#define EMA_PROGRESS_NAP_US 50
+
+static void ema_progress_nap(void)
+{
+    struct timespec ts = {.tv_sec = 0, .tv_nsec = EMA_PROGRESS_NAP_US * 1000L};
+    nanosleep(&ts, NULL);
 }
 
 static void *ema_progress_main(void *arg)
@@ -85,6 +100,9 @@ static void *ema_progress_main(void *arg)
     /* This thread's own waits (the flushes and sends of the control work it
      * runs) are not an application's: they must not hold it off. */
     ema__xport_app_depth = 1;
+    /* Its naps are short: without this the kernel stretches each by the
+     * default timer slack, 50 us. */
+    prctl(PR_SET_TIMERSLACK, 5000UL, 0, 0, 0);
     ema__xport_t *xp    = pg->xp;
     unsigned idle       = 0;
     struct pollfd pfd   = {.fd = xp->efd, .events = POLLIN};
@@ -102,6 +120,15 @@ static void *ema_progress_main(void *arg)
              * a borrow or recall often follows recent traffic, and waking
              * from the event fd costs tens of microseconds */
             sched_yield();
+            continue;
+        }
+        if (pg->held) {
+            /* The application is on the worker.  Arming the worker to sleep
+             * would take the worker's lock and, on the cuda kind, make UCX
+             * launch a host callback on each CUDA stream with copies in
+             * flight (its event-fd arm), behind the application's own
+             * copies.  Nap instead, and look again after each nap. */
+            ema_progress_nap();
             continue;
         }
         idle = 0;

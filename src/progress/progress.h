@@ -34,6 +34,7 @@ typedef struct ema__progress {
     uint64_t               app_gen;  /* xp's exit count when last seen to change */
     double                 app_seen; /* and when (ema__now_us) */
     double                 progressed; /* when it last progressed the worker */
+    int                    held;     /* the last pass left the worker to the application */
 } ema__progress_t;
 
 ema_status_t ema__progress_start(ema__progress_t *pg, ema__xport_t *xp);

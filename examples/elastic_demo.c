@@ -160,8 +160,8 @@ int main(int argc, char **argv)
     snprintf(label, sizeof(label), "3. rank 2 reclaimed (%.1f ms)", ms);
     timeline(label, win);
     if (rank == 0) {
-        printf("   rank 0 was told of %zu MiB moving, in %d calls of its reclaim callback\n",
-               moved_bytes >> 20, moved_calls);
+        printf("   rank 0 was told of %zu MiB moving, in %d call%s of its reclaim callback\n",
+               moved_bytes >> 20, moved_calls, moved_calls == 1 ? "" : "s");
     }
 
     /* 4. verify: rank 0 through its base pointer, rank 3 through ema_get */

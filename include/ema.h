@@ -13,7 +13,8 @@
  *  - Output parameters end in _p and are written only on success.
  *  - A call that fails changes nothing.
  *  - Calls made before ema_init() or after ema_finalize() fail with
- *    EMA_ERR_STATE (ema_strerror() and ema_version_string() excepted).
+ *    EMA_ERR_STATE (ema_strerror(), ema_version_string(),
+ *    ema_config_print() and ema_info_print() excepted).
  */
 #ifndef EMA_H_
 #define EMA_H_
@@ -317,7 +318,8 @@ EMA_EXPORT ema_status_t ema_win_release(ema_win_h win, size_t offset, size_t len
 /**
  * Hint: bring [offset, offset+len) of this rank's own part into its own
  * memory.  Returns at once; the progress engine moves the borrowed and
- * spilled segments of the range into free local memory, from @a offset on,
+ * spilled segments of the range into free local memory, spilled ones first,
+ * then borrowed ones, each from @a offset on,
  * as far as there is free local memory (nothing is reclaimed or evicted for
  * it).  Segments held with ema_win_acquire() are left where they are.  The
  * moves are migrations: see ema_win_set_reclaim_cb() for the owner's plain
@@ -333,6 +335,12 @@ typedef struct {
     size_t   bytes_borrowed; /**< in peers' memory */
     size_t   bytes_spilled;  /**< in the host spill tier */
     uint64_t migrations;     /**< segments of this part moved so far */
+    /** Borrowed bytes that lenders asked to have back but that could not
+     *  move (no free local memory, no other lender, no spill tier): the
+     *  lender's reclaim failed with EMA_ERR_NO_MEMORY.  Release that much
+     *  (shrink the part) and the lender's next try succeeds.  0 once the
+     *  part holds that much less borrowed memory. */
+    size_t   bytes_wanted;
 } ema_win_stat_t;
 
 /** This rank's part of @a win. */
@@ -349,7 +357,7 @@ typedef struct {
     size_t   bytes_borrowed;   /**< peers' memory backing this rank's windows */
     size_t   bytes_spilled;    /**< spill tier backing this rank's windows */
     uint64_t reclaims;         /**< reclaims this rank made (explicit or implicit) */
-    uint64_t bytes_migrated;   /**< bytes this rank moved for others' reclaims */
+    uint64_t bytes_migrated;   /**< bytes of own windows moved (reclaims, shrink, prefetch) */
     double   reclaim_last_us;  /**< duration of the last reclaim */
     double   reclaim_max_us;   /**< longest reclaim */
     ema_memory_kind_t memory_kind; /**< host or cuda: what window base pointers point to */

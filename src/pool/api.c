@@ -376,6 +376,7 @@ EMA_EXPORT ema_status_t ema_win_stat(ema_win_h win, ema_win_stat_t *stat_p)
     ema__win_ctx_t *ctx   = win->ctx;
     ema__win_part_t *part = &win->parts[ctx->rank];
     ema_win_stat_t st;
+    size_t borrowed = 0;
     memset(&st, 0, sizeof(st));
     pthread_mutex_lock(&win->lock);
     uint32_t n = atomic_load(&part->nsegs);
@@ -393,9 +394,17 @@ EMA_EXPORT ema_status_t ema_win_stat(ema_win_h win, ema_win_stat_t *stat_p)
             st.bytes_local += bytes;
         } else {
             st.bytes_borrowed += bytes;
+            borrowed += ctx->seg_size;
         }
     }
     st.migrations = win->stats.migrations;
+    if (win->stats.want) { /* in whole segments, as ema_pool_note_wanted */
+        if (borrowed <= win->stats.want_max) {
+            win->stats.want = 0; /* released: the lenders can have it */
+        } else {
+            st.bytes_wanted = borrowed - win->stats.want_max;
+        }
+    }
     pthread_mutex_unlock(&win->lock);
     *stat_p = st;
     return EMA_SUCCESS;

@@ -726,6 +726,29 @@ out:
     return status;
 }
 
+/* @n borrowed segments of @win's own part were refused to their lender:
+ * ask the owner, through ema_win_stat's bytes_wanted, to hold that many
+ * fewer borrowed bytes.  Called with win->lock held. */
+static void ema_pool_note_wanted(ema__pool_t *pool, ema_win_h win, uint32_t n)
+{
+    ema__win_part_t *part = &win->parts[pool->rank];
+    size_t seg = win->ctx->seg_size, borrowed = 0;
+    uint32_t ns = atomic_load(&part->nsegs);
+
+    for (uint32_t i = 0; i < ns; i++) {
+        ema__loc_t l = atomic_load(&part->loc[i]) & ~EMA_LOC_MOVING;
+        if (EMA_LOC_TIER(l) == EMA_TIER_DEVICE && EMA_LOC_RANK(l) != pool->rank) {
+            borrowed += seg;
+        }
+    }
+    size_t max = borrowed > (size_t)n * seg ? borrowed - (size_t)n * seg : 0;
+    if (!win->stats.want || max < win->stats.want_max) {
+        win->stats.want_max = max;
+    }
+    win->stats.want = 1;
+    ema_debug("window %u: %u borrowed segments wanted back, nowhere to move them", win->id, n);
+}
+
 /* A lender wants these segments back: move the data (one batch per
  * window), give them back. */
 static void ema_pool_recall_job(void *arg)
@@ -783,12 +806,16 @@ static void ema_pool_recall_job(void *arg)
                 ema__pool_migrate_batch(pool, win, idx, m, job->src, NULL, NULL, 0);
                 /* what could not move (nowhere to put it) is refused, so
                  * the lender stops waiting for it */
+                uint32_t nref0 = nrefuse;
                 for (uint32_t i = 0; i < m; i++) {
                     ema__loc_t l = atomic_load(&part->loc[idx2[i]]) & ~EMA_LOC_MOVING;
                     if (idx2[i] < atomic_load(&part->nsegs) && EMA_LOC_RANK(l) == job->src &&
                         EMA_LOC_TIER(l) == EMA_TIER_DEVICE) {
                         refuse[nrefuse++] = EMA_LOC_SEG(l);
                     }
+                }
+                if (nrefuse > nref0) {
+                    ema_pool_note_wanted(pool, win, nrefuse - nref0);
                 }
             }
         }

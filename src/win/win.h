@@ -55,6 +55,12 @@ typedef struct ema__win_part {
 
 typedef struct ema__win_stats {
     uint64_t migrations;
+    /* Lenders asked for borrowed segments of the own part that had nowhere
+     * to go (REFUSE): until the part holds at most want_max borrowed bytes,
+     * ema_win_stat reports the difference as bytes_wanted.  Under the
+     * window's lock. */
+    int      want;
+    size_t   want_max;
 } ema__win_stats_t;
 
 /* The win layer's state, one per world. */

@@ -1747,11 +1747,37 @@ static void test_reclaim_with_nowhere_to_move_fails_fast(void)
         }
     }
     T_OK(ema_barrier());
+    /* The owner hears that the lender wants its memory back (bytes_wanted),
+     * releases that much from its tail, as a serving engine would by
+     * dropping KV, and then the lender's reclaim succeeds. */
+    size_t keep = g.size;
     if (ok && ema_t_rank == 0) {
         ema_win_stat_t ws;
         win_stat(g.win, &ws);
         T_EXPECT(ws.bytes_borrowed == pl && ws.size == g.size, "owner: " WS_FMT, WS_ARGS(ws));
+        T_EXPECT(ws.bytes_wanted == lent, "owner: bytes_wanted %zu after the refusal, not the "
+                 "%zu bytes rank %d lent it", ws.bytes_wanted, lent, L);
         check_local(g.win, g.base, 0, g.size, 130, "owner's loads after the refused reclaim");
+        keep = g.size - (ws.bytes_wanted < g.size ? ws.bytes_wanted : g.size);
+        T_OK(ema_win_shrink(g.win, keep));
+        win_stat(g.win, &ws);
+        T_EXPECT(ws.bytes_wanted == 0 && ws.size == keep,
+                 "owner: bytes_wanted %zu, size %zu after shrinking to %zu", ws.bytes_wanted,
+                 ws.size, keep);
+        printf("# rank 0 released %zu bytes it was asked for (bytes_wanted)\n", g.size - keep);
+        fflush(stdout);
+    }
+    T_OK(ema_barrier());
+    if (ok && ema_t_rank == L) {
+        T_STATUS(ema_reclaim(take, 10000), EMA_SUCCESS);
+        ema_mem_stat_t m;
+        T_OK(ema_mem_stat(&m));
+        T_EXPECT(m.bytes_lent == 0, "lender still lends %zu after its reclaim", m.bytes_lent);
+        T_STATUS(ema_reclaim_release(m.bytes_withheld), EMA_SUCCESS);
+    }
+    T_OK(ema_barrier());
+    if (ok && ema_t_rank == 0) {
+        check_local(g.win, g.base, 0, keep, 130, "owner's loads after the second reclaim");
     }
     T_OK(ema_barrier());
     T_OK(ema_win_free(g.win));

@@ -5,12 +5,15 @@
  *   static   each rank serves from its own memory only (C bytes);
  *   elastic  the same C bytes each, and a rank that runs out grows its KV
  *            window into idle peers' memory (ema_win_grow borrows); a peer
- *            that gets busy takes its memory back (implicit reclaim);
+ *            that gets busy takes its memory back (implicit reclaim), and
+ *            where the borrower has nowhere to move it, the borrower's
+ *            engine preempts requests to give it back (bytes_wanted);
  *   double   each rank has 2C bytes of its own: the upper bound.
  *
  *   EMA_DEVICE_MEMORY=64M EMA_LEND_RESERVE=0 EMA_SPILL=none \
  *       mpirun --oversubscribe -n 4 -x EMA_DEVICE_MEMORY -x EMA_LEND_RESERVE -x EMA_SPILL \
  *       bench/kv_serving [--time S] [--rate R] [--skew F] [--step-us U] [--seed N]
+ *                        [--per-rank]
  *
  * (EMA_SPILL=none: on GPUs the spill tier is host memory across PCIe, so
  * elastic should borrow peers' memory only; with spill on, the columns show
@@ -19,8 +22,9 @@
  * Each rank runs one serving engine.  Requests arrive by a Poisson process,
  * rank 0 getting --skew of them and the others sharing the rest.  A
  * request needs KV blocks (one block = 2 MiB) for its prompt and its output
- * tokens; it is admitted, in arrival order, when its blocks can be found,
- * and then decodes one token per step.  A step takes --step-us whatever
+ * tokens, paged as in vLLM (anywhere in the KV window); it is admitted, in
+ * arrival order, when its blocks can be found, and then decodes one token
+ * per step.  A step takes --step-us whatever
  * the batch (decoding streams the weights: a larger batch is almost free),
  * plus one pass that reads and writes a word per 4 KiB of every admitted
  * request's KV blocks (its attention reads them, wherever they live).  So
@@ -28,12 +32,18 @@
  *
  * EMA_DEVICE_MEMORY is 2C per rank.  static and elastic each first put C
  * of it in a ballast window, leaving C; static never grows past its free
- * local memory, elastic lets ema_win_grow borrow.  Every rank replays the
+ * local memory, elastic lets ema_win_grow borrow.  When ema_win_stat says
+ * lenders want bytes back that EMA had nowhere to move (bytes_wanted), the
+ * elastic engine preempts its youngest requests (they start over later, as
+ * vLLM's recompute preemption), moves the KV blocks left in the window's
+ * tail into the freed ones, shrinks, and borrows nothing for 12 steps, so
+ * the lender's retry finds the memory.  Every rank replays the
  * same arrivals in each mode.  Printed: completed requests per second (all
  * ranks, and rank 0's alone), p50
  * and p99 latency (arrival to last token; a request still queued or
  * decoding at the end counts with its wait so far), most bytes rank 0
- * borrowed (or spilled); then
+ * borrowed (or spilled), requests preempted (all ranks; --per-rank: each
+ * rank's throughput and preemptions); then
  * elastic / static and elastic / double.  Goals (DESIGN.md): >= 1.5x static
  * throughput, >= 0.98x double's, p99 <= 1.1x static's.
  */
@@ -57,7 +67,8 @@ typedef struct {
     uint32_t blocks;  /* KV blocks for prompt + output */
     uint32_t steps;   /* output tokens */
     /* during the run */
-    int32_t  first;   /* first block index in the KV window, -1: not admitted */
+    int32_t  admitted; /* 1: holds its blocks, blk[] */
+    uint32_t blk[8];   /* its KV blocks: indices in the KV window, anywhere */
     uint32_t done;    /* steps decoded */
     double   latency; /* seconds, once complete */
 } req_t;
@@ -95,46 +106,40 @@ static int cmp_double(const void *a, const void *b)
 }
 
 /*
- * The KV window: blocks [0, nblk) of the own part, contiguous runs handed
- * to requests first fit; the part grows by whole blocks when no run fits,
- * and shrinks back over free blocks at its end, so what a rank borrowed
- * goes back as soon as its tail empties.
+ * The KV window: blocks [0, nblk) of the own part, paged as in vLLM: a
+ * request's blocks can be anywhere, the lowest free ones first.  The part
+ * grows by the blocks missing when too few are free, and shrinks back over
+ * free blocks at its end, so what a rank borrowed goes back as soon as its
+ * tail empties.
  */
 typedef struct {
     ema_win_h win;
     char     *base;
     size_t    max_blocks;
-    size_t    nblk;     /* blocks in the part */
-    uint8_t  *used;     /* [max_blocks] */
+    size_t    nblk;      /* blocks in the part */
+    size_t    nfree;     /* free blocks among them */
+    int32_t  *owner;     /* [max_blocks]: request holding the block, -1 free */
     int       mode;
     size_t    local_cap; /* static, double: never grow past this many bytes */
     unsigned  step;      /* decode steps so far */
     unsigned  retry_at;  /* no grow before this step: the last one failed */
+    unsigned  hold_until; /* no grow before this step: we just gave memory back */
 } kv_t;
 
-static int32_t kv_alloc(kv_t *kv, uint32_t n)
+/* Give @r its blocks, growing the part by what is missing; 0, or -1 if
+ * the memory is not there. */
+static int kv_alloc(kv_t *kv, req_t *rq, int32_t r)
 {
-    for (size_t i = 0, run = 0; i < kv->nblk; i++) {
-        run = kv->used[i] ? 0 : run + 1;
-        if (run == n) {
-            memset(kv->used + i + 1 - n, 1, n);
-            return (int32_t)(i + 1 - n);
+    uint32_t n = rq[r].blocks;
+    if (kv->nfree < n) {
+        size_t want = kv->nblk + (n - kv->nfree);
+        if (want > kv->max_blocks || (kv->mode != 1 && want * BLOCK > kv->local_cap)) {
+            return -1;
         }
-    }
-    /* grow: the free blocks at the end plus new ones */
-    size_t tail = 0;
-    while (tail < kv->nblk && !kv->used[kv->nblk - 1 - tail]) {
-        tail++;
-    }
-    size_t want = kv->nblk - tail + n;
-    if (want > kv->max_blocks || (kv->mode != 1 && want * BLOCK > kv->local_cap)) {
-        return -1;
-    }
-    if (want > kv->nblk) {
         /* A failed grow asks every peer (about a millisecond): like a real
          * engine, wait for memory to free up here or a few steps for it to
          * free up elsewhere before asking again. */
-        if (kv->step < kv->retry_at) {
+        if (kv->step < kv->retry_at || kv->step < kv->hold_until) {
             return -1;
         }
         ema_status_t s = ema_win_grow(kv->win, want * BLOCK);
@@ -145,29 +150,117 @@ static int32_t kv_alloc(kv_t *kv, uint32_t n)
         if (s != EMA_SUCCESS) {
             die("ema_win_grow", s);
         }
+        for (size_t b = kv->nblk; b < want; b++) {
+            kv->owner[b] = -1;
+        }
+        kv->nfree += want - kv->nblk;
         kv->nblk = want;
     }
-    memset(kv->used + want - n, 1, n);
-    return (int32_t)(want - n);
+    for (size_t b = 0, k = 0; k < n; b++) {
+        if (kv->owner[b] < 0) {
+            kv->owner[b] = r;
+            rq[r].blk[k++] = (uint32_t)b;
+        }
+    }
+    kv->nfree -= n;
+    rq[r].admitted = 1;
+    return 0;
 }
 
-static void kv_free(kv_t *kv, int32_t first, uint32_t n)
+static void kv_shrink_tail(kv_t *kv)
 {
-    memset(kv->used + first, 0, n);
-    kv->retry_at = 0; /* local memory changed: worth asking again */
     size_t keep = kv->nblk;
-    while (keep > 0 && !kv->used[keep - 1]) {
+    while (keep > 0 && kv->owner[keep - 1] < 0) {
         keep--;
     }
     if (keep < kv->nblk) {
         CHECK(ema_win_shrink(kv->win, keep * BLOCK));
+        kv->nfree -= kv->nblk - keep;
         kv->nblk = keep;
     }
 }
 
+static void kv_release(kv_t *kv, req_t *rq, int32_t r)
+{
+    for (uint32_t k = 0; k < rq[r].blocks; k++) {
+        kv->owner[rq[r].blk[k]] = -1;
+    }
+    kv->nfree += rq[r].blocks;
+    rq[r].admitted = 0;
+    kv->retry_at = 0; /* local memory changed: worth asking again */
+    kv_shrink_tail(kv);
+}
+
+/*
+ * A lender wants @wanted bytes back that EMA had nowhere to move
+ * (ema_win_stat's bytes_wanted): free the last blocks of the part, as an
+ * engine does under memory pressure.  Preempt the youngest requests (they
+ * lose the least work; they start over when admitted again) until the
+ * blocks left below the cut can hold every block above it, move those down
+ * (a copy of each block, as a real engine's KV compaction), and shrink.
+ * Returns how many requests were preempted.
+ */
+static size_t kv_give_back(kv_t *kv, req_t *rq, size_t head, size_t next, size_t wanted)
+{
+    size_t drop = (wanted + BLOCK - 1) / BLOCK;
+    size_t cut  = kv->nblk > drop ? kv->nblk - drop : 0;
+    size_t above = 0, free_below = 0, preempted = 0;
+
+    for (size_t b = 0; b < kv->nblk; b++) {
+        if (b >= cut && kv->owner[b] >= 0) {
+            above++;
+        } else if (b < cut && kv->owner[b] < 0) {
+            free_below++;
+        }
+    }
+    for (size_t i = next; i > head && free_below < above; i--) {
+        int32_t r = (int32_t)(i - 1);
+        if (!rq[r].admitted) {
+            continue;
+        }
+        for (uint32_t k = 0; k < rq[r].blocks; k++) {
+            uint32_t b = rq[r].blk[k];
+            kv->owner[b] = -1;
+            if (b >= cut) {
+                above--;
+            } else {
+                free_below++;
+            }
+        }
+        kv->nfree += rq[r].blocks;
+        rq[r].admitted = 0;
+        rq[r].done     = 0;
+        preempted++;
+    }
+    /* compaction: every block still above the cut moves to a free one below */
+    for (size_t b = cut, f = 0; b < kv->nblk; b++) {
+        int32_t r = kv->owner[b];
+        if (r < 0) {
+            continue;
+        }
+        while (kv->owner[f] >= 0) {
+            f++;
+        }
+        memcpy(kv->base + f * BLOCK, kv->base + b * BLOCK, BLOCK);
+        for (uint32_t k = 0; k < rq[r].blocks; k++) {
+            if (rq[r].blk[k] == b) {
+                rq[r].blk[k] = (uint32_t)f;
+            }
+        }
+        kv->owner[f] = r;
+        kv->owner[b] = -1;
+    }
+    kv_shrink_tail(kv);
+    /* and leave the memory to the lender that asked for it (it retries
+     * its grow within 10 steps) before borrowing again */
+    kv->hold_until = kv->step + 12;
+    return preempted;
+}
+
 /* One mode, on every rank; returns this rank's completed count. */
 static size_t run_mode(int mode, req_t *rq, size_t nrq, double T, double step_s, size_t cap,
-                       double *lat, size_t *nlat, size_t *max_borrowed, size_t *max_spilled)
+                       double *lat, size_t *nlat, size_t *max_borrowed, size_t *max_spilled,
+                       size_t *preempted)
 {
     ema_win_h ballast = NULL;
     void *bb;
@@ -182,18 +275,18 @@ static size_t run_mode(int mode, req_t *rq, size_t nrq, double T, double step_s,
     kv.mode       = mode;
     kv.max_blocks = (size_t)size * cap / BLOCK;
     kv.local_cap  = (mode == 2) ? cap : cap / 2;
-    kv.used       = calloc(kv.max_blocks, 1);
+    kv.owner      = malloc(kv.max_blocks * sizeof(*kv.owner));
     ema_win_params_t wp = {.field_mask = EMA_WIN_PARAM_FIELD_MAX_SIZE,
                            .max_size   = kv.max_blocks * BLOCK};
     void *base;
     CHECK(ema_win_allocate(0, &wp, &base, &kv.win));
     kv.base = base;
     for (size_t i = 0; i < nrq; i++) {
-        rq[i].first = -1;
-        rq[i].done  = 0;
+        rq[i].admitted = 0;
+        rq[i].done     = 0;
     }
     *nlat = 0;
-    *max_borrowed = *max_spilled = 0;
+    *max_borrowed = *max_spilled = *preempted = 0;
     size_t next = 0, head = 0, completed = 0; /* next to arrive; oldest not complete */
     CHECK(ema_barrier());
     double t0 = now_s();
@@ -207,24 +300,25 @@ static size_t run_mode(int mode, req_t *rq, size_t nrq, double T, double step_s,
         }
         /* admit in arrival order: FCFS, no overtaking */
         for (size_t i = head; i < next; i++) {
-            if (rq[i].first >= 0 || rq[i].done == rq[i].steps) {
+            if (rq[i].admitted || rq[i].done == rq[i].steps) {
                 continue;
             }
-            rq[i].first = kv_alloc(&kv, rq[i].blocks);
-            if (rq[i].first < 0) {
+            if (kv_alloc(&kv, rq, (int32_t)i) != 0) {
                 break;
             }
         }
         /* one decode step: attention over every admitted request's KV */
         uint64_t sink = 0;
         for (size_t i = head; i < next; i++) {
-            if (rq[i].first < 0 || rq[i].done == rq[i].steps) {
+            if (!rq[i].admitted) {
                 continue;
             }
-            volatile uint64_t *p = (volatile uint64_t *)(kv.base + (size_t)rq[i].first * BLOCK);
-            for (size_t w = 0; w < (size_t)rq[i].blocks * BLOCK / 8; w += 512) {
-                sink += p[w];
-                p[w] = sink;
+            for (uint32_t k = 0; k < rq[i].blocks; k++) {
+                volatile uint64_t *p = (volatile uint64_t *)(kv.base + (size_t)rq[i].blk[k] * BLOCK);
+                for (size_t w = 0; w < BLOCK / 8; w += 512) {
+                    sink += p[w];
+                    p[w] = sink;
+                }
             }
         }
         (void)sink;
@@ -233,14 +327,13 @@ static size_t run_mode(int mode, req_t *rq, size_t nrq, double T, double step_s,
         kv.step++;
         double tn = now_s() - t0;
         for (size_t i = head; i < next; i++) {
-            if (rq[i].first < 0 || rq[i].done == rq[i].steps) {
+            if (!rq[i].admitted) {
                 continue;
             }
             if (++rq[i].done == rq[i].steps) {
                 rq[i].latency = tn - rq[i].arrive;
                 lat[(*nlat)++] = rq[i].latency;
-                kv_free(&kv, rq[i].first, rq[i].blocks);
-                rq[i].first = -1;
+                kv_release(&kv, rq, (int32_t)i);
                 completed++;
             }
         }
@@ -249,6 +342,10 @@ static size_t run_mode(int mode, req_t *rq, size_t nrq, double T, double step_s,
         }
         ema_win_stat_t ws;
         CHECK(ema_win_stat(kv.win, &ws));
+        if (ws.bytes_wanted > 0) {
+            *preempted += kv_give_back(&kv, rq, head, next, ws.bytes_wanted);
+            CHECK(ema_win_stat(kv.win, &ws));
+        }
         if (ws.bytes_borrowed > *max_borrowed) {
             *max_borrowed = ws.bytes_borrowed;
         }
@@ -268,7 +365,7 @@ static size_t run_mode(int mode, req_t *rq, size_t nrq, double T, double step_s,
     if (ballast != NULL) {
         CHECK(ema_win_free(ballast));
     }
-    free(kv.used);
+    free(kv.owner);
     return completed;
 }
 
@@ -292,18 +389,25 @@ int main(int argc, char **argv)
 {
     double T = 3.0, rate = 0, skew = 0.7, step_us = 2000;
     uint64_t seed = 1;
+    int per_rank = 0;
 
-    for (int i = 1; i + 1 < argc; i += 2) {
-        if (!strcmp(argv[i], "--time")) T = atof(argv[i + 1]);
-        else if (!strcmp(argv[i], "--rate")) rate = atof(argv[i + 1]);
-        else if (!strcmp(argv[i], "--skew")) skew = atof(argv[i + 1]);
-        else if (!strcmp(argv[i], "--step-us")) step_us = atof(argv[i + 1]);
-        else if (!strcmp(argv[i], "--seed")) seed = strtoull(argv[i + 1], NULL, 10);
+    for (int i = 1; i < argc; i++) {
+        const char *v = (i + 1 < argc) ? argv[i + 1] : NULL;
+        if (!strcmp(argv[i], "--per-rank")) {
+            per_rank = 1;
+            continue;
+        }
+        if (v != NULL && !strcmp(argv[i], "--time")) T = atof(v);
+        else if (v != NULL && !strcmp(argv[i], "--rate")) rate = atof(v);
+        else if (v != NULL && !strcmp(argv[i], "--skew")) skew = atof(v);
+        else if (v != NULL && !strcmp(argv[i], "--step-us")) step_us = atof(v);
+        else if (v != NULL && !strcmp(argv[i], "--seed")) seed = strtoull(v, NULL, 10);
         else {
             fprintf(stderr, "usage: mpirun -n N kv_serving [--time S] [--rate R] [--skew F] "
-                            "[--step-us U] [--seed N]\n");
+                            "[--step-us U] [--seed N] [--per-rank]\n");
             return 2;
         }
+        i++;
     }
     CHECK(ema_init(NULL));
     CHECK(ema_world_rank(&rank));
@@ -347,23 +451,26 @@ int main(int argc, char **argv)
                "of 2 MiB, step %.0f us, %.1f s per mode\n", size, cap / 2 >> 20, step_us, T);
         printf("# load: %.0f requests/s, %.0f%% at rank 0 (%zu of its arrivals), requests of "
                "2-8 blocks and 20-60 tokens\n", rate, skew * 100, nrq);
-        printf("%-8s %10s %10s %10s %10s %12s %12s\n", "mode", "req/s", "r0_req/s", "p50_ms",
-               "p99_ms", "r0_borrowed", "r0_spilled");
+        printf("%-8s %10s %10s %10s %10s %12s %12s %10s\n", "mode", "req/s", "r0_req/s", "p50_ms",
+               "p99_ms", "r0_borrowed", "r0_spilled", "preempted");
     }
 
     double res[MODES][3];
-    enum { NQ = 4096, HDR = 4 }; /* per rank: completed, borrowed, latencies, spilled, NQ quantiles */
+    /* per rank: completed, borrowed, latencies, spilled, preempted, NQ quantiles */
+    enum { NQ = 4096, HDR = 5 };
     double *mine = calloc(HDR + NQ, sizeof(double));
     double *all  = calloc((size_t)size * (HDR + NQ), sizeof(double));
     double *l    = calloc((size_t)size * NQ + 1, sizeof(double));
     for (int m = 0; m < MODES; m++) {
-        size_t nlat, borrowed, spilled;
-        size_t done = run_mode(m, rq, nrq, T, step_s, cap, lat, &nlat, &borrowed, &spilled);
+        size_t nlat, borrowed, spilled, preempted;
+        size_t done = run_mode(m, rq, nrq, T, step_s, cap, lat, &nlat, &borrowed, &spilled,
+                               &preempted);
         qsort(lat, nlat, sizeof(double), cmp_double);
         mine[0] = (double)done;
         mine[1] = (double)borrowed;
         mine[2] = (double)nlat;
         mine[3] = (double)spilled;
+        mine[4] = (double)preempted;
         for (size_t i = 0; i < NQ; i++) {
             mine[HDR + i] = (nlat == 0) ? 0 : lat[i * nlat / NQ]; /* quantile sample */
         }
@@ -390,9 +497,20 @@ int main(int argc, char **argv)
         res[m][0] = total / T;
         res[m][1] = nl ? l[nl / 2] * 1e3 : 0;
         res[m][2] = nl ? l[nl * 99 / 100] * 1e3 : 0;
-        printf("%-8s %10.1f %10.1f %10.1f %10.1f %8.0f MiB %8.0f MiB\n", mode_name[m],
+        if (per_rank) {
+            for (int r = 0; r < size; r++) {
+                const double *a = all + (size_t)r * (HDR + NQ);
+                printf("#   %s, rank %d: %.1f req/s, %.0f preempted\n", mode_name[m], r,
+                       a[0] / T, a[4]);
+            }
+        }
+        double npre = 0;
+        for (int r = 0; r < size; r++) {
+            npre += all[(size_t)r * (HDR + NQ) + 4];
+        }
+        printf("%-8s %10.1f %10.1f %10.1f %10.1f %8.0f MiB %8.0f MiB %10.0f\n", mode_name[m],
                res[m][0], all[0] / T, res[m][1], res[m][2], all[1] / 1048576.0,
-               all[3] / 1048576.0);
+               all[3] / 1048576.0, npre);
         fflush(stdout);
     }
     free(mine);

@@ -12,7 +12,9 @@
 #   3. every test program of tests/mpi on 2 and 4 ranks (--np: the list of
 #      rank counts; with as many GPUs, one rank per GPU), under mpirun
 #      --timeout, with the cuda memory kind;
-#   4. examples/cuda_window on 1, 2 and 4 ranks; 5. ema_perf on 2 ranks (CSV).
+#   4. test_elastic's held and nomem scenarios and 20 s of ema_stress on 4
+#      ranks; 5. examples/cuda_window on 1, 2 and 4 ranks; 6. ema_perf on 2
+#      ranks (CSV).
 # Each rank gets EMA_DEVICE_MEMORY=2G unless it is set (ema_perf: 10G): 16
 # segments of the default 128 MiB.
 # Check is not needed: configure skips the unit tests without it.
@@ -147,6 +149,21 @@ run_mpi() { # NP PROGRAM ARGS...
     mpirun --allow-run-as-root --oversubscribe --timeout "$timeout" --bind-to none \
         "${fwd[@]}" -n "$np" "$@"
 }
+run_mpi_env() { # NP VAR=VALUE... -- PROGRAM ARGS...: with these set on every rank
+    local np=$1 x=() f=() set=" " i
+    shift
+    while [ "$1" != -- ]; do
+        x+=(-x "$1")
+        set+="${1%%=*} "
+        shift
+    done
+    shift
+    for ((i = 0; i < ${#fwd[@]}; i += 2)); do # fwd less the variables set here
+        case $set in *" ${fwd[i+1]} "*) ;; *) f+=("${fwd[i]}" "${fwd[i+1]}") ;; esac
+    done
+    mpirun --allow-run-as-root --oversubscribe --timeout "$timeout" --bind-to none \
+        "${f[@]}" "${x[@]}" -n "$np" "$@"
+}
 
 step "ema_info" "$build/src/tools/ema_info"
 
@@ -172,6 +189,27 @@ for p in "${progs[@]}"; do
         ;;
     esac
 done
+
+# The scenarios of test_elastic that the cuda kind can run (it has no spill
+# tier; "spill" and "nolend" need one), on 4 ranks: "held", and "nomem",
+# where each peer can lend 2 segments and a lender's reclaim finds the
+# borrower with nowhere to move them (REFUSE, bytes_wanted).
+if [ -x "$build/tests/mpi/test_elastic" ]; then
+    seg=$((128 << 20))
+    [ -n "${EMA_SEGMENT_SIZE:-}" ] && echo "gpu-suite: EMA_SEGMENT_SIZE is set; nomem assumes 128M"
+    cap=$(numfmt --from=iec "$EMA_DEVICE_MEMORY" 2>/dev/null || echo $((2 << 30)))
+    step "test_elastic held np4" run_mpi_env 4 EMA_SPILL=none EMA_LEND_RESERVE=0 -- \
+        "$build/tests/mpi/test_elastic" held
+    step "test_elastic nomem np4" run_mpi_env 4 EMA_SPILL=none \
+        "EMA_LEND_RESERVE=$((cap - 2 * seg))" -- "$build/tests/mpi/test_elastic" nomem
+fi
+
+# The randomized stress test: grows, shrinks, reclaims, puts, gets and
+# atomics from every rank, checked against a model (2 MiB segments).
+if [ -x "$build/tests/stress/ema_stress" ]; then
+    step "ema_stress np4 (20 s)" run_mpi_env 4 EMA_DEVICE_MEMORY=256M -- \
+        "$build/tests/stress/ema_stress" --time 20
+fi
 
 if [ -x "$build/examples/cuda_window" ]; then
     for np in 1 2 4; do

@@ -4,7 +4,8 @@
  * borrowing one segment from the peer (borrow); the time of a reclaim
  * against a raw copy of the same bytes (reclaim).  See ema_perf(1).
  *
- *   mpirun -n 2 ema_perf [--csv] [--op put|get|borrow|reclaim|all] [--min 8] [--max 64M]
+ *   mpirun -n 2 ema_perf [--csv] [--op put|get|borrow|reclaim|kernel|prefetch|all]
+ *                        [--min 8] [--max 64M]
  *                        [--iters N] [--warmup N] [--time S] [--ucx-thread multi|single]
  *                        [--raw-mem cudamalloc|vmm] [--timer events|wall]
  *                        [--reclaim-sizes 64M,256M,1G] [-v]
@@ -1408,6 +1409,111 @@ static int perf_measure_kernel(perf_t *p, int op_index, size_t size, perf_row_t 
     return perf_agree(p, ok) ? 0 : -1;
 }
 
+/*
+ * prefetch: rank 0's window C of n bytes is all borrowed from rank 1; rank 0
+ * frees n bytes of its own (shrinking B) and times ema_win_prefetch(C) until
+ * ema_win_stat shows C all local: the migration alone, with no lender in the
+ * loop.  The reference is the reclaim row's: a copy of n bytes from rank 1's
+ * memory to rank 0's, same run.  Rank 1 only lends.
+ */
+static int perf_measure_prefetch(perf_t *p, int op_index, size_t size, perf_row_t *row)
+{
+    const size_t n = size; /* rounded to segments by perf_sizes_reclaim */
+    ema_win_h wb, wc;
+    char *b, *c;
+    int ok = 1;
+    char s[32];
+
+    perf_settle(p);
+    uint64_t mine = p->rank == PERF_ORIGIN ? perf_free() : perf_lendable();
+    uint64_t peer = perf_exchange(p, mine);
+    size_t f0 = p->rank == PERF_ORIGIN ? mine : peer; /* rank 0: free */
+    size_t f1 = p->rank == PERF_ORIGIN ? peer : mine; /* rank 1: lendable */
+    if (f0 < n || f1 < n) {
+        if (p->rank == PERF_ORIGIN) {
+            perf_note(p, "prefetch %s skipped: it does not fit (rank 0 has %zu bytes free, "
+                      "rank 1 %zu lendable; each needs %zu; raise EMA_DEVICE_MEMORY)",
+                      perf_size_str(n, s, sizeof(s)), f0, f1, n);
+        }
+        row->skipped = 1;
+        return perf_agree(p, 1) ? 0 : -1;
+    }
+
+    /* rank 0: B takes all its free memory, C borrows n from rank 1 */
+    size_t bsize = p->rank == PERF_ORIGIN ? f0 : 0;
+    EMA_CHECK(ema_win_allocate(bsize, NULL, (void **)&b, &wb));
+    ema_win_params_t wp = {.field_mask = EMA_WIN_PARAM_FIELD_MAX_SIZE,
+                           .max_size = p->rank == PERF_ORIGIN ? n : 0};
+    EMA_CHECK(ema_win_allocate(0, &wp, (void **)&c, &wc));
+    EMA_CHECK(ema_barrier());
+
+    int reps = n >= (1ul << 30) ? 3 : 5, r = 0;
+    if (p->rank == PERF_ORIGIN) {
+        char *tail = b + bsize - n; /* the copy's destination */
+        perf_reserve_samples(p, (size_t)reps);
+        for (r = 0; r < reps && ok; r++) {
+            ema_win_stat_t ws;
+            EMA_CHECK(ema_win_grow(wc, n));
+            perf_mem_zero(p, tail, n); /* resident and mapped */
+            EMA_CHECK(ema_win_stat(wc, &ws));
+            if (ws.bytes_borrowed != n || perf_free() != 0) {
+                fprintf(stderr, "ema_perf: prefetch: setup: C has %zu of %zu bytes borrowed, "
+                        "rank 0 %zu bytes free (expected 0)\n", ws.bytes_borrowed, n,
+                        perf_free());
+                ok = 0;
+                break;
+            }
+            uint64_t salt = perf_salt(op_index, n, r);
+            perf_mem_fill(p, c, n, salt);
+            if (p->gpu) {
+                if (perf_gpu_memcpy_us(tail, c, n, &p->samples[IMPL_RAW][r]) != 0) {
+                    perf_die("%s", perf_gpu_error());
+                }
+            } else {
+                double t0 = perf_now();
+                memcpy(tail, c, n);
+                p->samples[IMPL_RAW][r] = (perf_now() - t0) * 1e6;
+            }
+            EMA_CHECK(ema_win_shrink(wb, bsize - n)); /* n bytes of room */
+
+            double t0 = perf_now();
+            EMA_CHECK(ema_win_prefetch(wc, 0, n));
+            do {
+                EMA_CHECK(ema_win_stat(wc, &ws));
+            } while (ws.bytes_local != n && perf_now() - t0 < 60.0);
+            double t1 = perf_now();
+            p->samples[IMPL_EMA][r] = (t1 - t0) * 1e6;
+            if (ws.bytes_local != n) {
+                fprintf(stderr, "ema_perf: prefetch %zu: after 60 s C has %zu bytes local, %zu "
+                        "borrowed (expected all local)\n", n, ws.bytes_local, ws.bytes_borrowed);
+                ok = 0;
+            }
+            if (ok && perf_verify(p, "prefetch, window C after the migration", c, n, salt) != 0) {
+                ok = 0;
+            }
+            /* back to the setup: C's memory goes to B, C borrows again */
+            EMA_CHECK(ema_win_shrink(wc, 0));
+            EMA_CHECK(ema_win_grow(wb, bsize));
+        }
+        row->n[IMPL_EMA] = row->n[IMPL_RAW] = (size_t)r;
+        if (r > 0) {
+            if (p->o.verbose) {
+                for (int i = 0; i < r; i++) {
+                    fprintf(stderr, "ema_perf: prefetch %zu, repetition %d: copy %.0f us, "
+                            "prefetch %.0f us\n", n, i, p->samples[IMPL_RAW][i],
+                            p->samples[IMPL_EMA][i]);
+                }
+            }
+            row->us[IMPL_EMA] = perf_median(p->samples[IMPL_EMA], (size_t)r);
+            row->us[IMPL_RAW] = perf_median(p->samples[IMPL_RAW], (size_t)r);
+        }
+    }
+    EMA_CHECK(ema_barrier()); /* rank 1 lends and progresses meanwhile */
+    EMA_CHECK(ema_win_free(wc));
+    EMA_CHECK(ema_win_free(wb));
+    return perf_agree(p, ok) ? 0 : -1;
+}
+
 static const perf_op_t perf_ops[] = {
     {"put", "ema_put + ema_win_flush vs ucp_put_nbx + ucp_ep_flush_nbx", perf_measure_put,
      NULL},
@@ -1419,10 +1525,13 @@ static const perf_op_t perf_ops[] = {
      perf_measure_reclaim, perf_sizes_reclaim},
     {"kernel", "a pass over a half-borrowed window vs over an all-local one",
      perf_measure_kernel, perf_sizes_kernel},
+    {"prefetch", "ema_win_prefetch of N borrowed bytes vs a memcpy of N bytes",
+     perf_measure_prefetch, perf_sizes_reclaim},
 };
 #define PERF_NOPS ((int)(sizeof(perf_ops) / sizeof(perf_ops[0])))
 #define PERF_OP_RECLAIM 3 /* perf_ops[] index */
 #define PERF_OP_KERNEL  4
+#define PERF_OP_PREFETCH 5
 
 /* ------------------------------------------------------------------------- */
 /* main                                                                       */
@@ -1436,8 +1545,8 @@ static void perf_usage(FILE *f)
         "each row measured side by side with raw UCX on the same transport; the latency\n"
         "of borrowing one segment; the time of a reclaim against a raw copy.\n"
         "  --csv              print op,size,ema_us,ema_GBps,ucx_us,ucx_GBps,ratio\n"
-        "  --op NAME          put, get, borrow, reclaim, kernel or all (default all:\n"
-        "                     every one);\n"
+        "  --op NAME          put, get, borrow, reclaim, kernel, prefetch or all\n"
+        "                     (default all: every one);\n"
         "                     a comma list also works\n"
         "  --min SIZE         smallest size (default 8); K, M, G suffixes\n"
         "  --max SIZE         largest size (default 64M); sizes double from --min\n"
@@ -1453,7 +1562,8 @@ static void perf_usage(FILE *f)
         "  --timer KIND       put and get: events (CUDA events around runs of 16 ops,\n"
         "                     the default on the cuda kind; cuda kind only) or wall\n"
         "                     (the wall clock around each op, the default on host)\n"
-        "  --reclaim-sizes L  reclaim sizes, a comma list (default 64M,256M,1G); sizes\n"
+        "  --reclaim-sizes L  reclaim and prefetch sizes, a comma list (default\n"
+        "                     64M,256M,1G); sizes\n"
         "                     that do not fit are skipped with a note\n"
         "  --kernel-size S    the window of the kernel row (default 1G on the cuda\n"
         "                     kind, 256M on host)\n"
@@ -1474,6 +1584,10 @@ static void perf_usage(FILE *f)
         "  CUDA kernel on the cuda kind, timed with CUDA events; a CPU loop on host);\n"
         "  the ucx columns hold the same pass over an all-local window; ratio =\n"
         "  local / borrowed.  Goal: ratio >= 0.97.\n"
+        "prefetch rows (the --reclaim-sizes): ema_us = ema_win_prefetch of a window of\n"
+        "  size bytes on rank 0, all borrowed from rank 1, until it is all local (rank\n"
+        "  0 frees as much first); the ucx columns hold the reclaim rows' copy; ratio =\n"
+        "  copy / prefetch.  Goal: ratio >= 0.9.\n"
         "On the cuda kind buffers and windows are device memory, and the copy of the\n"
         "  reclaim rows is a cudaMemcpy timed with CUDA events.  Put and get are timed\n"
         "  with CUDA events too: UCX copies on its own CUDA streams, so the events are\n"
@@ -1658,6 +1772,13 @@ static void perf_print_op_header(perf_t *p, const char *op)
                "#   reclaim_us; goal: reclaim_us <= 1.25 * copy_us + 1000\n");
         printf("%-7s %8s %10s %9s %10s %9s %7s %7s %4s\n", "op", "size", "reclaim_us",
                "GB/s", "copy_us", "copy_GB/s", "ratio", "reps", "goal");
+    } else if (strcmp(op, "prefetch") == 0) {
+        printf("# prefetch: rank 0's window of size bytes, all borrowed from rank 1; rank 0\n"
+               "#   frees as much of its own memory and times ema_win_prefetch until the\n"
+               "#   window is all local.  copy: as for reclaim.  ratio = copy_us /\n"
+               "#   prefetch_us; goal: ratio >= 0.9\n");
+        printf("%-8s %8s %10s %9s %10s %9s %7s %7s %4s\n", "op", "size", "prefetch_us",
+               "GB/s", "copy_us", "copy_GB/s", "ratio", "reps", "goal");
     } else if (strcmp(op, "kernel") == 0) {
         printf("# kernel: one pass that reads and writes every word of a window of size\n"
                "#   bytes on rank 0, half of it borrowed from rank 1 (ema_us), against the\n"
@@ -1676,13 +1797,17 @@ static void perf_print_row(perf_t *p, const char *op, size_t size, const perf_ro
     double ugb = u > 0 ? (double)size / (u * 1e3) : 0.0;
     double ratio = e > 0 ? u / e : 0.0;
 
-    if (row->no_ref || strcmp(op, "reclaim") == 0 || strcmp(op, "kernel") == 0) {
-        /* borrow, reclaim, kernel: goal column, wider op column */
+    if (row->no_ref || strcmp(op, "reclaim") == 0 || strcmp(op, "kernel") == 0 ||
+        strcmp(op, "prefetch") == 0) {
+        /* borrow, reclaim, kernel, prefetch: goal column, wider op column */
         const char *goal = "-";
+        int w = (int)strlen(op) > 7 ? (int)strlen(op) : 7;
         if (strcmp(op, "borrow") == 0) {
             goal = e <= 100.0 ? "ok" : "MISS";
         } else if (strcmp(op, "kernel") == 0) {
             goal = ratio >= 0.97 ? "ok" : "MISS";
+        } else if (strcmp(op, "prefetch") == 0) {
+            goal = ratio >= 0.9 ? "ok" : "MISS";
         } else if (!row->no_ref) {
             goal = e <= 1.25 * u + 1000.0 ? "ok" : "MISS";
         }
@@ -1692,11 +1817,11 @@ static void perf_print_row(perf_t *p, const char *op, size_t size, const perf_ro
         } else if (p->o.csv) {
             printf("%s,%zu,%.3f,%.4f,%.3f,%.4f,%.3f\n", op, size, e, egb, u, ugb, ratio);
         } else if (row->no_ref) {
-            printf("%-7s %8s %10.3f %9.4f %10s %9s %7s %7zu %4s\n", op,
+            printf("%-*s %8s %10.3f %9.4f %10s %9s %7s %7zu %4s\n", w, op,
                    perf_size_str(size, s, sizeof(s)), e, egb, "-", "-", "-", row->n[IMPL_EMA],
                    goal);
         } else {
-            printf("%-7s %8s %10.1f %9.4f %10.1f %9.4f %7.3f %7zu %4s\n", op,
+            printf("%-*s %8s %10.1f %9.4f %10.1f %9.4f %7.3f %7zu %4s\n", w, op,
                    perf_size_str(size, s, sizeof(s)), e, egb, u, ugb, ratio, row->n[IMPL_EMA],
                    goal);
         }
@@ -1738,8 +1863,9 @@ int main(int argc, char **argv)
         /* room for the target's part; EMA_DEVICE_MEMORY, when set, wins */
         ip.field_mask    = EMA_INIT_PARAM_FIELD_DEVICE_MEMORY;
         ip.device_memory = 2 * p->o.max > (1ul << 30) ? 2 * p->o.max : (1ul << 30);
-        if (opmask & (1u << PERF_OP_RECLAIM)) {
-            /* room for reclaim: rank 1 lends N while rank 0 keeps N free */
+        if (opmask & ((1u << PERF_OP_RECLAIM) | (1u << PERF_OP_PREFETCH))) {
+            /* room for reclaim and prefetch: rank 1 lends N while rank 0
+             * keeps N free */
             size_t maxn = 0;
             for (int i = 0; i < p->o.nreclaim; i++) {
                 maxn = p->o.reclaim_sizes[i] > maxn ? p->o.reclaim_sizes[i] : maxn;

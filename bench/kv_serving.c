@@ -342,7 +342,10 @@ static size_t run_mode(int mode, req_t *rq, size_t nrq, double T, double step_s,
         }
         ema_win_stat_t ws;
         CHECK(ema_win_stat(kv.win, &ws));
-        if (ws.bytes_wanted > 0) {
+        /* bytes_wanted counts the lender's own segments until they move,
+         * which its retry does: what we released meanwhile is not counted
+         * off, so answer again only once the hold is over */
+        if (ws.bytes_wanted > 0 && kv.step >= kv.hold_until) {
             *preempted += kv_give_back(&kv, rq, head, next, ws.bytes_wanted);
             CHECK(ema_win_stat(kv.win, &ws));
         }

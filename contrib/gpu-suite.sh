@@ -192,16 +192,31 @@ done
 
 # The scenarios of test_elastic that the cuda kind can run (it has no spill
 # tier; "spill" and "nolend" need one), on 4 ranks: "held", and "nomem",
-# where each peer can lend 2 segments and a lender's reclaim finds the
-# borrower with nowhere to move them (REFUSE, bytes_wanted).
+# where each peer can lend 2 segments (the control window takes a third)
+# and a lender's reclaim finds the borrower with nowhere to move them
+# (REFUSE, bytes_wanted).
+bytes_of() { # SIZE as EMA reads it (K, M, G, T, any case, optional B or iB), or fail
+    local n m
+    n=$(printf '%s' "$1" | sed -n 's/^\([0-9][0-9]*\)\([kKmMgGtT]\{0,1\}\)\(i\{0,1\}[bB]\)\{0,1\}$/\1 \2/p')
+    [ -n "$n" ] || return 1
+    set -- $n
+    case ${2:-} in
+    k|K) m=10 ;; m|M) m=20 ;; g|G) m=30 ;; t|T) m=40 ;; *) m=0 ;;
+    esac
+    echo $(($1 << m))
+}
 if [ -x "$build/tests/mpi/test_elastic" ]; then
-    seg=$((128 << 20))
-    [ -n "${EMA_SEGMENT_SIZE:-}" ] && echo "gpu-suite: EMA_SEGMENT_SIZE is set; nomem assumes 128M"
-    cap=$(numfmt --from=iec "$EMA_DEVICE_MEMORY" 2>/dev/null || echo $((2 << 30)))
+    seg=$(bytes_of "${EMA_SEGMENT_SIZE:-128M}")
+    cap=$(bytes_of "$EMA_DEVICE_MEMORY")
     step "test_elastic held np4" run_mpi_env 4 EMA_SPILL=none EMA_LEND_RESERVE=0 -- \
         "$build/tests/mpi/test_elastic" held
-    step "test_elastic nomem np4" run_mpi_env 4 EMA_SPILL=none \
-        "EMA_LEND_RESERVE=$((cap - 2 * seg))" -- "$build/tests/mpi/test_elastic" nomem
+    if [ -n "$seg" ] && [ -n "$cap" ] && [ "$cap" -ge $((6 * seg)) ]; then
+        step "test_elastic nomem np4" run_mpi_env 4 EMA_SPILL=none \
+            "EMA_LEND_RESERVE=$((cap - 3 * seg))" -- "$build/tests/mpi/test_elastic" nomem
+    else
+        echo "gpu-suite: test_elastic nomem not run: EMA_DEVICE_MEMORY ($EMA_DEVICE_MEMORY)" \
+             "and EMA_SEGMENT_SIZE (${EMA_SEGMENT_SIZE:-128M}) must give 6 segments or more"
+    fi
 fi
 
 # The randomized stress test: grows, shrinks, reclaims, puts, gets and

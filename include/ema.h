@@ -338,8 +338,8 @@ typedef struct {
     /** Borrowed bytes that lenders asked to have back but that could not
      *  move (no free local memory, no other lender, no spill tier): the
      *  lender's reclaim failed with EMA_ERR_NO_MEMORY.  Release that much
-     *  (shrink the part) and the lender's next try succeeds.  0 once the
-     *  part holds that much less borrowed memory. */
+     *  (shrink the part) and the lender's next try finds room to move them
+     *  to.  Counts those segments while they are in the part. */
     size_t   bytes_wanted;
 } ema_win_stat_t;
 

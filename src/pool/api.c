@@ -206,6 +206,7 @@ EMA_EXPORT ema_status_t ema_win_shrink(ema_win_h win, size_t new_size)
     atomic_store(&part->size, new_size);
     atomic_store(&part->nsegs, keep);
     status = ema__win_publish(win, keep, 0);
+    ema__pool_wanted_bytes(win); /* forgets the wanted segments dropped */
     pthread_mutex_unlock(&win->lock);
     for (uint32_t i = 0; i < drop; i++) {
         ema__pool_release_loc(pool, old[i]);
@@ -376,7 +377,6 @@ EMA_EXPORT ema_status_t ema_win_stat(ema_win_h win, ema_win_stat_t *stat_p)
     ema__win_ctx_t *ctx   = win->ctx;
     ema__win_part_t *part = &win->parts[ctx->rank];
     ema_win_stat_t st;
-    size_t borrowed = 0;
     memset(&st, 0, sizeof(st));
     pthread_mutex_lock(&win->lock);
     uint32_t n = atomic_load(&part->nsegs);
@@ -394,17 +394,10 @@ EMA_EXPORT ema_status_t ema_win_stat(ema_win_h win, ema_win_stat_t *stat_p)
             st.bytes_local += bytes;
         } else {
             st.bytes_borrowed += bytes;
-            borrowed += ctx->seg_size;
         }
     }
     st.migrations = win->stats.migrations;
-    if (win->stats.want) { /* in whole segments, as ema_pool_note_wanted */
-        if (borrowed <= win->stats.want_max) {
-            win->stats.want = 0; /* released: the lenders can have it */
-        } else {
-            st.bytes_wanted = borrowed - win->stats.want_max;
-        }
-    }
+    st.bytes_wanted = ema__pool_wanted_bytes(win);
     pthread_mutex_unlock(&win->lock);
     *stat_p = st;
     return EMA_SUCCESS;

@@ -709,6 +709,9 @@ ema_status_t ema__pool_migrate_batch(ema__pool_t *pool, ema_win_h win, uint32_t 
     for (uint32_t r = 0; r < nruns; r++) {
         ema__win_publish(win, first[r], count[r]);
     }
+    if (win->stats.nwanted > 0) {
+        ema__pool_wanted_bytes(win); /* forgets the wanted segments that moved */
+    }
     /* 6. give the old memory back, one message per lender */
     double tm2 = ema__now_us();
     ema_pool_release_many(pool, old, ok);
@@ -726,27 +729,60 @@ out:
     return status;
 }
 
-/* @n borrowed segments of @win's own part were refused to their lender:
- * ask the owner, through ema_win_stat's bytes_wanted, to hold that many
- * fewer borrowed bytes.  Called with win->lock held. */
-static void ema_pool_note_wanted(ema__pool_t *pool, ema_win_h win, uint32_t n)
+/* @n borrowed segments of @win's own part, @segs of rank @src, were refused
+ * to their lender: tell the owner (ema_win_stat's bytes_wanted) until they
+ * leave the part.  Called with win->lock held. */
+static void ema_pool_note_wanted(ema_win_h win, int src, const uint32_t *segs, uint32_t n)
 {
-    ema__win_part_t *part = &win->parts[pool->rank];
-    size_t seg = win->ctx->seg_size, borrowed = 0;
-    uint32_t ns = atomic_load(&part->nsegs);
+    ema__win_stats_t *st = &win->stats;
 
-    for (uint32_t i = 0; i < ns; i++) {
-        ema__loc_t l = atomic_load(&part->loc[i]) & ~EMA_LOC_MOVING;
-        if (EMA_LOC_TIER(l) == EMA_TIER_DEVICE && EMA_LOC_RANK(l) != pool->rank) {
-            borrowed += seg;
+    for (uint32_t k = 0; k < n; k++) {
+        ema__loc_t l = EMA_LOC(src, EMA_TIER_DEVICE, segs[k]);
+        uint32_t i;
+        for (i = 0; i < st->nwanted && st->wanted[i] != l; i++) {
         }
+        if (i < st->nwanted) {
+            continue; /* refused again: counted once */
+        }
+        if (st->nwanted == st->wanted_cap) {
+            uint32_t cap = st->wanted_cap ? 2 * st->wanted_cap : 16;
+            ema__loc_t *w = realloc(st->wanted, cap * sizeof(*w));
+            if (w == NULL) {
+                ema_warn("out of memory noting segments wanted back: bytes_wanted is short");
+                return;
+            }
+            st->wanted     = w;
+            st->wanted_cap = cap;
+        }
+        st->wanted[st->nwanted++] = l;
     }
-    size_t max = borrowed > (size_t)n * seg ? borrowed - (size_t)n * seg : 0;
-    if (!win->stats.want || max < win->stats.want_max) {
-        win->stats.want_max = max;
+    ema_debug("window %u: %u borrowed segments of rank %d wanted back, nowhere to move them",
+              win->id, n, src);
+}
+
+size_t ema__pool_wanted_bytes(ema_win_h win)
+{
+    ema__win_stats_t *ws  = &win->stats;
+    ema__win_part_t *part = &win->parts[win->ctx->rank];
+    size_t seg  = win->ctx->seg_size, size = atomic_load(&part->size), bytes = 0;
+    uint32_t n  = atomic_load(&part->nsegs);
+
+    for (uint32_t k = 0; k < ws->nwanted;) {
+        uint32_t i;
+        for (i = 0; i < n; i++) {
+            if ((atomic_load(&part->loc[i]) & ~EMA_LOC_MOVING) == ws->wanted[k]) {
+                break;
+            }
+        }
+        if (i == n) { /* shrunk, moved home or to another lender */
+            ws->wanted[k] = ws->wanted[--ws->nwanted];
+            continue;
+        }
+        /* the part's bytes, as bytes_borrowed: the last segment may be cut */
+        bytes += (i == n - 1 && size % seg) ? size % seg : seg;
+        k++;
     }
-    win->stats.want = 1;
-    ema_debug("window %u: %u borrowed segments wanted back, nowhere to move them", win->id, n);
+    return bytes;
 }
 
 /* A lender wants these segments back: move the data (one batch per
@@ -815,7 +851,7 @@ static void ema_pool_recall_job(void *arg)
                     }
                 }
                 if (nrefuse > nref0) {
-                    ema_pool_note_wanted(pool, win, nrefuse - nref0);
+                    ema_pool_note_wanted(win, job->src, refuse + nref0, nrefuse - nref0);
                 }
             }
         }

@@ -92,6 +92,10 @@ void         ema__pool_giveback(ema__pool_t *pool, int lender, uint32_t count,
  * they are instead of waited for (a prefetch: a hint that must not stall
  * the progress engine behind the application). */
 #define EMA_POOL_SKIP_HELD 1u
+/* The bytes of @win's own part that lenders asked back and that are still
+ * there (ema_win_stat's bytes_wanted); forgets the segments wanted back
+ * that have left the part.  Called with win->lock held. */
+size_t       ema__pool_wanted_bytes(ema_win_h win);
 ema_status_t ema__pool_migrate_batch(ema__pool_t *pool, ema_win_h win, uint32_t *idx,
                                      uint32_t n, int exclude, const ema__loc_t *targets,
                                      const int64_t *handles, unsigned flags);

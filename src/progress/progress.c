@@ -58,27 +58,22 @@ static unsigned ema_progress_thread_once(ema__progress_t *pg)
     uint64_t app = atomic_load_explicit(&xp->app_state, memory_order_relaxed);
     double now   = ema__now_us();
 
-    /* Every EMA_PROGRESS_FORCE_US at the latest the thread progresses the
-     * worker anyway: an application whose calls never wait (operations that
-     * complete in place) progresses nothing, and peers' control messages
-     * must not wait for its next wait. */
-    pg->held = 1;
-    if (now - pg->progressed < EMA_PROGRESS_FORCE_US) {
-        if (app & EMA_XPORT_APP_MASK) {
-            return (unsigned)ema__xport_run_deferred(xp, 0);
+    pg->held = (app & EMA_XPORT_APP_MASK) != 0;
+    if (!pg->held && pg->cfg.holdoff > 0) {
+        uint64_t gen = app / EMA_XPORT_APP_EXIT;
+        if (gen != pg->app_gen) {
+            pg->app_gen  = gen;
+            pg->app_seen = now;
         }
-        if (pg->cfg.holdoff > 0) {
-            uint64_t gen = app / EMA_XPORT_APP_EXIT;
-            if (gen != pg->app_gen) {
-                pg->app_gen  = gen;
-                pg->app_seen = now;
-            }
-            if (now - pg->app_seen < (double)pg->cfg.holdoff) {
-                return (unsigned)ema__xport_run_deferred(xp, 0);
-            }
-        }
+        pg->held = now - pg->app_seen < (double)pg->cfg.holdoff;
     }
-    pg->held       = 0;
+    /* Every EMA_PROGRESS_FORCE_US at the latest the thread progresses the
+     * worker anyway, held off or not: an application whose calls never
+     * wait (operations that complete in place) progresses nothing, and
+     * peers' control messages must not wait for its next wait. */
+    if (pg->held && now - pg->progressed < EMA_PROGRESS_FORCE_US) {
+        return (unsigned)ema__xport_run_deferred(xp, 0);
+    }
     pg->progressed = now;
     return ema__progress_once(pg);
 }

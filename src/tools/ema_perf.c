@@ -711,10 +711,12 @@ static long perf_iters_for(const perf_t *p, size_t size)
     if (p->o.iters > 0) {
         return p->o.iters;
     }
-    /* many for small sizes, down to 32 at 64 MiB; the time cap bounds the rest */
-    const size_t knee = 64u << 10;
+    /* 2000 up to 2 MiB, then fewer in proportion, at least 64 (62 at 2 MiB
+     * and 32 at 64 MiB before: 8 and 4 ops per block, too few for the runs
+     * of --timer events); the time cap bounds the rest */
+    const size_t knee = 2u << 20;
     long n = (size <= knee) ? 2000 : (long)(2000.0 * (double)knee / (double)size);
-    return n < 32 ? 32 : n;
+    return n < 64 ? 64 : n;
 }
 
 static void perf_reserve_samples(perf_t *p, size_t n)
@@ -1551,7 +1553,7 @@ static void perf_usage(FILE *f)
         "  --min SIZE         smallest size (default 8); K, M, G suffixes\n"
         "  --max SIZE         largest size (default 64M); sizes double from --min\n"
         "  --iters N          timed iterations per size and implementation\n"
-        "                     (default: 2000 up to 64K, fewer above, capped by --time)\n"
+        "                     (default: 2000 up to 2M, fewer above, capped by --time)\n"
         "  --warmup N         untimed iterations per size and implementation (default 10)\n"
         "  --time S           seconds of timed work per row when --iters is not given\n"
         "                     (default 0.25)\n"
@@ -1560,6 +1562,7 @@ static void perf_usage(FILE *f)
         "  --raw-mem KIND     cuda kind: the raw UCX target buffer, cudamalloc (default)\n"
         "                     or vmm (one cuMemCreate allocation, as EMA's segments)\n"
         "  --timer KIND       put and get: events (CUDA events around runs of 16 ops,\n"
+        "                     fewer when an ABBA block is shorter: --iters / 8,\n"
         "                     the default on the cuda kind; cuda kind only) or wall\n"
         "                     (the wall clock around each op, the default on host)\n"
         "  --reclaim-sizes L  reclaim and prefetch sizes, a comma list (default\n"

@@ -416,6 +416,8 @@ ema_status_t ema__win_free(ema__win_ctx_t *ctx, ema_win_h win, ema__win_release_
     pthread_mutex_destroy(&win->lock);
     ema_win_release_parts(ctx, win->parts);
     free(win->held);
+    free(win->stats.wanted);
+    win->stats.wanted = NULL;
     win->held  = NULL;
     win->parts = NULL;
     win->base  = NULL;

@@ -55,12 +55,12 @@ typedef struct ema__win_part {
 
 typedef struct ema__win_stats {
     uint64_t migrations;
-    /* Lenders asked for borrowed segments of the own part that had nowhere
-     * to go (REFUSE): until the part holds at most want_max borrowed bytes,
-     * ema_win_stat reports the difference as bytes_wanted.  Under the
-     * window's lock. */
-    int      want;
-    size_t   want_max;
+    /* Borrowed segments of the own part that their lenders asked back and
+     * that had nowhere to go (REFUSE), by location: ema_win_stat reports
+     * those still in the part as bytes_wanted, and forgets the others.
+     * Under the window's lock; freed with the window. */
+    ema__loc_t *wanted;
+    uint32_t    nwanted, wanted_cap;
 } ema__win_stats_t;
 
 /* The win layer's state, one per world. */

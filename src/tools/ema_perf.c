@@ -1132,6 +1132,60 @@ static int perf_measure_borrow(perf_t *p, int op_index, size_t size, perf_row_t 
     return perf_agree(p, ok) ? 0 : -1;
 }
 
+/* reclaim, prefetch: collective; whether n bytes fit (rank 0 keeps n free,
+ * rank 1 lends n).  Returns 1 if they do, with rank 0's free and rank 1's
+ * lendable bytes; else notes why (rank 0) and returns 0: the row is skipped. */
+static int perf_move_fits(perf_t *p, const char *what, size_t n, size_t *f0_p, size_t *f1_p)
+{
+    char s[32];
+
+    perf_settle(p);
+    uint64_t mine = p->rank == PERF_ORIGIN ? perf_free() : perf_lendable();
+    uint64_t peer = perf_exchange(p, mine);
+    *f0_p = p->rank == PERF_ORIGIN ? mine : peer; /* rank 0: free */
+    *f1_p = p->rank == PERF_ORIGIN ? peer : mine; /* rank 1: lendable */
+    if (*f0_p >= n && *f1_p >= n) {
+        return 1;
+    }
+    if (p->rank == PERF_ORIGIN) {
+        perf_note(p, "%s %s skipped: it does not fit (rank 0 has %zu bytes free, rank 1 %zu "
+                  "lendable; each needs %zu; raise EMA_DEVICE_MEMORY)", what,
+                  perf_size_str(n, s, sizeof(s)), *f0_p, *f1_p, n);
+    }
+    return 0;
+}
+
+/* reclaim, prefetch, rank 0: window C holds n bytes all borrowed and rank 0
+ * has no free memory left; writes the pattern of @salt into C and returns
+ * the reference, a timed copy of C (rank 1's memory) into @tail (rank 0's,
+ * resident); -1 (after saying why) if the setup is not as it should be. */
+static double perf_move_setup(perf_t *p, const char *what, ema_win_h wc, char *c, char *tail,
+                              size_t n, uint64_t salt)
+{
+    ema_win_stat_t ws;
+    double us;
+
+    perf_mem_zero(p, tail, n); /* resident and mapped */
+    EMA_CHECK(ema_win_stat(wc, &ws));
+    if (ws.bytes_borrowed != n || perf_free() != 0) {
+        fprintf(stderr, "ema_perf: %s: setup: C has %zu of %zu bytes borrowed, rank 0 %zu "
+                "bytes free (expected 0)\n", what, ws.bytes_borrowed, n, perf_free());
+        return -1;
+    }
+    perf_mem_fill(p, c, n, salt);
+    if (p->gpu) {
+        /* cudaMemcpy device to device, timed with CUDA events */
+        if (perf_gpu_memcpy_us(tail, c, n, &us) != 0) {
+            perf_die("%s", perf_gpu_error());
+        }
+    } else {
+        double t0 = perf_now();
+        memcpy(tail, c, n);
+        us = (perf_now() - t0) * 1e6;
+    }
+    return us;
+}
+
 /*
  * reclaim of N bytes (rank 1 the lender, rank 0 the borrower):
  *  - rank 0: window B of all its free memory (its last N bytes touched),
@@ -1152,19 +1206,9 @@ static int perf_measure_reclaim(perf_t *p, int op_index, size_t size, perf_row_t
     ema_win_h wb, wc;
     char *b, *c;
     int ok = 1, abort_ = 0;
-    char s[32];
+    size_t f0, f1;
 
-    perf_settle(p);
-    uint64_t mine = p->rank == PERF_ORIGIN ? perf_free() : perf_lendable();
-    uint64_t peer = perf_exchange(p, mine);
-    size_t f0 = p->rank == PERF_ORIGIN ? mine : peer; /* rank 0: free */
-    size_t f1 = p->rank == PERF_ORIGIN ? peer : mine; /* rank 1: lendable */
-    if (f0 < n || f1 < n) {
-        if (p->rank == PERF_ORIGIN) {
-            perf_note(p, "reclaim %s skipped: it does not fit (rank 0 has %zu bytes free, "
-                      "rank 1 %zu lendable; each needs %zu; raise EMA_DEVICE_MEMORY)",
-                      perf_size_str(n, s, sizeof(s)), f0, f1, n);
-        }
+    if (!perf_move_fits(p, "reclaim", n, &f0, &f1)) {
         row->skipped = 1;
         return perf_agree(p, 1) ? 0 : -1;
     }
@@ -1187,27 +1231,10 @@ static int perf_measure_reclaim(perf_t *p, int op_index, size_t size, perf_row_t
             if (r == 0) {
                 EMA_CHECK(ema_win_grow(wc, n));
             }
-            perf_mem_zero(p, tail, n); /* resident and mapped */
-            EMA_CHECK(ema_win_stat(wc, &ws));
-            if (ws.bytes_borrowed != n || perf_free() != 0) {
-                fprintf(stderr, "ema_perf: reclaim: setup: C has %zu of %zu bytes borrowed, "
-                        "rank 0 %zu bytes free (expected 0)\n", ws.bytes_borrowed, n,
-                        perf_free());
-                ok = 0;
-            }
             uint64_t salt = perf_salt(op_index, n, r);
-            perf_mem_fill(p, c, n, salt);
-
-            if (p->gpu) {
-                /* cudaMemcpy device to device, timed with CUDA events */
-                if (perf_gpu_memcpy_us(tail, c, n, &p->samples[IMPL_RAW][r]) != 0) {
-                    perf_die("%s", perf_gpu_error());
-                }
-            } else {
-                double t0 = perf_now();
-                memcpy(tail, c, n);
-                double t1 = perf_now();
-                p->samples[IMPL_RAW][r] = (t1 - t0) * 1e6;
+            p->samples[IMPL_RAW][r] = perf_move_setup(p, "reclaim", wc, c, tail, n, salt);
+            if (p->samples[IMPL_RAW][r] < 0) {
+                ok = 0;
             }
 
             EMA_CHECK(ema_win_shrink(wb, bsize - n));
@@ -1424,19 +1451,9 @@ static int perf_measure_prefetch(perf_t *p, int op_index, size_t size, perf_row_
     ema_win_h wb, wc;
     char *b, *c;
     int ok = 1;
-    char s[32];
+    size_t f0, f1;
 
-    perf_settle(p);
-    uint64_t mine = p->rank == PERF_ORIGIN ? perf_free() : perf_lendable();
-    uint64_t peer = perf_exchange(p, mine);
-    size_t f0 = p->rank == PERF_ORIGIN ? mine : peer; /* rank 0: free */
-    size_t f1 = p->rank == PERF_ORIGIN ? peer : mine; /* rank 1: lendable */
-    if (f0 < n || f1 < n) {
-        if (p->rank == PERF_ORIGIN) {
-            perf_note(p, "prefetch %s skipped: it does not fit (rank 0 has %zu bytes free, "
-                      "rank 1 %zu lendable; each needs %zu; raise EMA_DEVICE_MEMORY)",
-                      perf_size_str(n, s, sizeof(s)), f0, f1, n);
-        }
+    if (!perf_move_fits(p, "prefetch", n, &f0, &f1)) {
         row->skipped = 1;
         return perf_agree(p, 1) ? 0 : -1;
     }
@@ -1456,25 +1473,11 @@ static int perf_measure_prefetch(perf_t *p, int op_index, size_t size, perf_row_
         for (r = 0; r < reps && ok; r++) {
             ema_win_stat_t ws;
             EMA_CHECK(ema_win_grow(wc, n));
-            perf_mem_zero(p, tail, n); /* resident and mapped */
-            EMA_CHECK(ema_win_stat(wc, &ws));
-            if (ws.bytes_borrowed != n || perf_free() != 0) {
-                fprintf(stderr, "ema_perf: prefetch: setup: C has %zu of %zu bytes borrowed, "
-                        "rank 0 %zu bytes free (expected 0)\n", ws.bytes_borrowed, n,
-                        perf_free());
+            uint64_t salt = perf_salt(op_index, n, r);
+            p->samples[IMPL_RAW][r] = perf_move_setup(p, "prefetch", wc, c, tail, n, salt);
+            if (p->samples[IMPL_RAW][r] < 0) {
                 ok = 0;
                 break;
-            }
-            uint64_t salt = perf_salt(op_index, n, r);
-            perf_mem_fill(p, c, n, salt);
-            if (p->gpu) {
-                if (perf_gpu_memcpy_us(tail, c, n, &p->samples[IMPL_RAW][r]) != 0) {
-                    perf_die("%s", perf_gpu_error());
-                }
-            } else {
-                double t0 = perf_now();
-                memcpy(tail, c, n);
-                p->samples[IMPL_RAW][r] = (perf_now() - t0) * 1e6;
             }
             EMA_CHECK(ema_win_shrink(wb, bsize - n)); /* n bytes of room */
 

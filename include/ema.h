@@ -348,7 +348,7 @@ EMA_EXPORT ema_status_t ema_win_stat(ema_win_h win, ema_win_stat_t *stat_p);
 
 /** This rank's memory and its lending. */
 typedef struct {
-    size_t   capacity;         /**< EMA_DEVICE_MEMORY */
+    size_t   capacity;         /**< EMA_DEVICE_MEMORY, whole segments */
     size_t   reserve;          /**< never lent (EMA_LEND_RESERVE) */
     size_t   bytes_free;       /**< free, lendable or not */
     size_t   bytes_used;       /**< backing this rank's own windows */
@@ -356,7 +356,7 @@ typedef struct {
     size_t   bytes_withheld;   /**< reclaimed and withheld (ema_reclaim) */
     size_t   bytes_borrowed;   /**< peers' memory backing this rank's windows */
     size_t   bytes_spilled;    /**< spill tier backing this rank's windows */
-    uint64_t reclaims;         /**< reclaims this rank made (explicit or implicit) */
+    uint64_t reclaims;         /**< reclaims that recalled lent memory */
     uint64_t bytes_migrated;   /**< bytes of own windows moved (reclaims, shrink, prefetch) */
     double   reclaim_last_us;  /**< duration of the last reclaim */
     double   reclaim_max_us;   /**< longest reclaim */

@@ -908,9 +908,12 @@ ema_status_t ema__pool_reclaim(ema__pool_t *pool, uint32_t target, uint64_t time
         return EMA_ERR_NO_MEMORY;
     }
     pthread_mutex_lock(&pool->lock);
+    /* free must cover what earlier calls withheld, even what a refused or
+     * timed-out recall left lent, and @target more */
     uint32_t nfree = ema__seg_pool_nfree(&pool->arena->pool);
+    uint32_t want  = pool->withheld + target;
     uint32_t have  = nfree > pool->withheld ? nfree - pool->withheld : 0;
-    uint32_t need  = target > have ? target - have : 0;
+    uint32_t need  = want > nfree ? want - nfree : 0;
     if (need > pool->arena->pool.nlent) {
         pthread_mutex_unlock(&pool->lock);
         free(segs);

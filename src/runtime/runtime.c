@@ -297,6 +297,12 @@ EMA_EXPORT ema_status_t ema_init(const ema_init_params_t *params)
         ema_info("EMA_SPILL=host is not supported with the cuda memory kind yet: no spill tier");
         w->pool.cfg.spill = 0;
     }
+    if (w->pool.cfg.spill && w->pool.cfg.spill_size < w->arena->seg_size) {
+        ema_error("EMA_SPILL_SIZE %zu is smaller than one segment (%zu); set EMA_SPILL=none "
+                  "for no spill tier", w->pool.cfg.spill_size, w->arena->seg_size);
+        status = EMA_ERR_INVALID_PARAM;
+        goto err_arena;
+    }
     if (w->pool.cfg.spill) {
         /* The spill tier is host memory whatever the device kind: address
          * space until a window spills into it. */
@@ -448,7 +454,13 @@ EMA_EXPORT ema_status_t ema_barrier(void)
     if (status != EMA_SUCCESS) {
         return status;
     }
-    return ema__xport_barrier(&ema_world.xp);
+    /* Without a progress thread only the application runs migrations;
+     * in a barrier it cannot call ema_progress, so the barrier's waits run
+     * them (it holds no lock of EMA's here). */
+    ema__xport_top_wait = !ema_world.progress.running;
+    status = ema__xport_barrier(&ema_world.xp);
+    ema__xport_top_wait = 0;
+    return status;
 }
 
 EMA_EXPORT ema_status_t ema_progress(void)

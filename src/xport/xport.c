@@ -161,9 +161,15 @@ ema_status_t ema__xport_am_send(ema__xport_t *xp, int peer, unsigned id, const v
     return ema__xport_wait(xp, sp, "ucp_am_send_nbx");
 }
 
+__thread int ema__xport_top_wait;
+
 void ema__xport_wait_step(ema__xport_t *xp)
 {
-    if (ema__xport_progress(xp) + (unsigned)ema__xport_run_deferred(xp, 1) == 0) {
+    int top = ema__xport_top_wait;
+    ema__xport_top_wait = 0; /* a long job's own waits run quick jobs only */
+    unsigned n = ema__xport_progress(xp) + (unsigned)ema__xport_run_deferred(xp, !top);
+    ema__xport_top_wait = top;
+    if (n == 0) {
         ema__xport_idle(xp);
     }
 }

@@ -157,6 +157,11 @@ void ema__xport_set_am_handler(ema__xport_t *xp, unsigned id, ema__am_handler_cb
 ema_status_t ema__xport_am_send(ema__xport_t *xp, int peer, unsigned id, const void *hdr,
                                 size_t hdr_len, const void *data, size_t len);
 
+/* Set by a thread while it waits in a call that holds no lock of EMA's (a
+ * top-level ema_barrier) in a world without a progress thread: its waits
+ * then run long deferred jobs too (a lender's recall: the migration), which
+ * nothing else would run while the application is in the barrier. */
+extern __thread int ema__xport_top_wait;
 /* One step of a wait that must not stall peers: progress the worker and run
  * quick deferred work (answering invalidations, borrows, table requests);
  * yield now and then when there was nothing to do. */

@@ -23,6 +23,12 @@
  *   test_elastic nomem    (EMA_SPILL=none, EMA_LEND_RESERVE leaves ~2 lendable segments)
  *       test_grow_fails_no_memory_leaves_window_unchanged
  *       test_grow_fails_no_memory_when_all_peer_memory_used
+ *       test_reclaim_with_nowhere_to_move_fails_fast
+ *   test_elastic noprog   (as default, EMA_PROGRESS_THREAD=n: the lender reclaims
+ *                          while the borrower waits in ema_barrier, whose waits
+ *                          must then run the migration)
+ *       test_explicit_reclaim_returns_memory_data_intact
+ *       test_own_grow_reclaims_lent_memory_data_intact
  *
  * Every mode also checks that each elastic call made before ema_init and
  * after ema_finalize fails with EMA_ERR_STATE.  Each scenario prints one
@@ -1845,6 +1851,9 @@ int main(int argc, char **argv)
         test_grow_fails_no_memory_leaves_window_unchanged();
         test_grow_fails_no_memory_when_all_peer_memory_used();
         test_reclaim_with_nowhere_to_move_fails_fast();
+    } else if (strcmp(mode, "noprog") == 0) {
+        test_explicit_reclaim_returns_memory_data_intact();
+        test_own_grow_reclaims_lent_memory_data_intact();
     } else {
         fprintf(stderr, "test_elastic: unknown mode %s\n", mode);
         ema_t_failures++;

@@ -51,17 +51,52 @@ void ema__xport_idle(ema__xport_t *xp)
  * blocking put of 2 MiB over cuda_ipc polls UCX some 60 times, so it made
  * about one yield per operation; on the H200 removing it changed nothing
  * measurable, within the launch-to-launch noise).  Then yield every 4096
- * empty polls (some 0.5 ms), which still lets a stray thread run.
+ * empty polls (some 0.5 ms), which still lets a stray thread run.  The
+ * cores are those of the affinity mask, fewer if a CPU quota grants fewer.
  */
+/* The CPUs a CFS quota grants (a container's --cpus), rounded up; 0 when
+ * there is none or it cannot be read (cgroup v2 cpu.max, else v1). */
+static long ema_xport_quota_cpus(void)
+{
+    long long quota = -1, period = 0;
+    char word[32];
+    FILE *f = fopen("/sys/fs/cgroup/cpu.max", "r");
+
+    if (f != NULL) {
+        if (fscanf(f, "%31s %lld", word, &period) == 2 && strcmp(word, "max") != 0) {
+            quota = atoll(word);
+        }
+        fclose(f);
+    } else if ((f = fopen("/sys/fs/cgroup/cpu/cpu.cfs_quota_us", "r")) != NULL) {
+        if (fscanf(f, "%lld", &quota) != 1) {
+            quota = -1;
+        }
+        fclose(f);
+        if ((f = fopen("/sys/fs/cgroup/cpu/cpu.cfs_period_us", "r")) != NULL) {
+            if (fscanf(f, "%lld", &period) != 1) {
+                period = 0;
+            }
+            fclose(f);
+        }
+    }
+    return (quota > 0 && period > 0) ? (long)((quota + period - 1) / period) : 0;
+}
+
 static unsigned ema_xport_idle_mask(int size)
 {
     cpu_set_t set;
-    long cpus = 0;
+    long cpus = 0, quota = ema_xport_quota_cpus();
 
     if (sched_getaffinity(0, sizeof(set), &set) == 0) {
         cpus = CPU_COUNT(&set);
     }
-    return (cpus > 0 && 2L * size <= cpus) ? 4095u : 63u;
+    if (quota > 0 && (cpus == 0 || quota < cpus)) {
+        cpus = quota;
+    }
+    unsigned mask = (cpus > 0 && 2L * size <= cpus) ? 4095u : 63u;
+    ema_debug("%ld cores for %d ranks and their progress threads: waiters yield every %u "
+              "empty polls", cpus, size, mask + 1);
+    return mask;
 }
 
 /* Every AM carries the sender's rank as its UCP header.  The handler's arg is

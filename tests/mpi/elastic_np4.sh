@@ -2,14 +2,10 @@
 # test_elastic default on 4 ranks: grow past capacity, base pointer, explicit and implicit
 # reclaim, acquire/release, puts and gets racing a migration, argument checks. 16 segments of
 # 1M per rank, nothing reserved, spill to host.
-if [ -z "$MPIRUN" ]; then
-    echo "SKIP: no mpirun found by configure (MPIRUN is empty)"
-    exit 77
-fi
 EMA_DEVICE_MEMORY=16M; export EMA_DEVICE_MEMORY
 EMA_SEGMENT_SIZE=1M; export EMA_SEGMENT_SIZE
 EMA_LEND_RESERVE=0; export EMA_LEND_RESERVE
 EMA_SPILL=host; export EMA_SPILL
 EMA_SPILL_SIZE=64M; export EMA_SPILL_SIZE
-exec "$MPIRUN" --oversubscribe --timeout 120 -x EMA_DEVICE_MEMORY -x EMA_SEGMENT_SIZE -x EMA_LEND_RESERVE -x EMA_SPILL -x EMA_SPILL_SIZE \
-    -n 4 "$top_builddir/tests/mpi/test_elastic" default
+. "$top_srcdir/tests/mpi/np4.sh"
+np4 "$top_builddir/tests/mpi/test_elastic" default

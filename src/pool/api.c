@@ -21,9 +21,7 @@ EMA_EXPORT ema_status_t ema_win_free(ema_win_h win)
     /* A queued prefetch uses the window: let it run (here too, in case
      * there is no progress thread) before the window goes. */
     while (atomic_load(&win->prefetching) > 0) {
-        if (ema__xport_progress(win->ctx->xp) + ema__xport_run_deferred(win->ctx->xp, 0) == 0) {
-            ema__xport_idle(win->ctx->xp);
-        }
+        ema__xport_wait_step_long(win->ctx->xp);
     }
     return ema__win_free(win->ctx, win, ema_pool_release_cb, ema__pool_world);
 }

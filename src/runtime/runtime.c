@@ -402,7 +402,7 @@ EMA_EXPORT ema_status_t ema_finalize(void)
     }
     status = ema__xport_flush(&w->xp);
     if (status == EMA_SUCCESS) {
-        status = ema__xport_barrier(&w->xp);
+        status = ema__xport_barrier(&w->xp, 0);
     }
     if (w->pool.cfg.stats) {
         ema__pool_print_stats(&w->pool, stderr);
@@ -457,10 +457,7 @@ EMA_EXPORT ema_status_t ema_barrier(void)
     /* Without a progress thread only the application runs migrations;
      * in a barrier it cannot call ema_progress, so the barrier's waits run
      * them (it holds no lock of EMA's here). */
-    ema__xport_top_wait = !ema_world.progress.running;
-    status = ema__xport_barrier(&ema_world.xp);
-    ema__xport_top_wait = 0;
-    return status;
+    return ema__xport_barrier(&ema_world.xp, !ema_world.progress.running);
 }
 
 EMA_EXPORT ema_status_t ema_progress(void)

@@ -383,7 +383,7 @@ ema_status_t ema__win_free(ema__win_ctx_t *ctx, ema_win_h win, ema__win_release_
     if (status != EMA_SUCCESS) {
         return status;
     }
-    status = ema__xport_barrier(ctx->xp);
+    status = ema__xport_barrier(ctx->xp, 0);
     if (status != EMA_SUCCESS) {
         return status;
     }
@@ -433,5 +433,5 @@ ema_status_t ema__win_free(ema__win_ctx_t *ctx, ema_win_h win, ema__win_release_
      * memory only) finds it free instead of failing with EMA_ERR_NO_MEMORY.
      * A third rank's borrow right after may still meet it as lent for a
      * moment, and then borrows elsewhere. */
-    return ema__xport_barrier(ctx->xp);
+    return ema__xport_barrier(ctx->xp, 0);
 }

@@ -77,8 +77,8 @@ void ema__xport_coll_cleanup(ema__xport_t *xp)
     pthread_mutex_destroy(&xp->coll_lock);
 }
 
-ema_status_t ema__xport_allgather(ema__xport_t *xp, const void *blob, size_t len,
-                                  void ***blobs_p, size_t **lens_p)
+static ema_status_t ema_xport_allgather(ema__xport_t *xp, const void *blob, size_t len,
+                                        void ***blobs_p, size_t **lens_p, int long_jobs)
 {
     void **blobs  = calloc((size_t)xp->size, sizeof(void *));
     size_t *lens  = calloc((size_t)xp->size, sizeof(size_t));
@@ -122,7 +122,11 @@ ema_status_t ema__xport_allgather(ema__xport_t *xp, const void *blob, size_t len
         if (done || xp->size == 1) {
             break;
         }
-        ema__xport_wait_step(xp);
+        if (long_jobs) {
+            ema__xport_wait_step_long(xp);
+        } else {
+            ema__xport_wait_step(xp);
+        }
     }
     blobs[xp->rank] = mine;
     lens[xp->rank]  = len;
@@ -137,6 +141,12 @@ err:
     return status;
 }
 
+ema_status_t ema__xport_allgather(ema__xport_t *xp, const void *blob, size_t len,
+                                  void ***blobs_p, size_t **lens_p)
+{
+    return ema_xport_allgather(xp, blob, len, blobs_p, lens_p, 0);
+}
+
 void ema__xport_free_blobs(ema__xport_t *xp, void **blobs, size_t *lens)
 {
     for (int r = 0; blobs && r < xp->size; r++) {
@@ -146,11 +156,11 @@ void ema__xport_free_blobs(ema__xport_t *xp, void **blobs, size_t *lens)
     free(lens);
 }
 
-ema_status_t ema__xport_barrier(ema__xport_t *xp)
+ema_status_t ema__xport_barrier(ema__xport_t *xp, int long_jobs)
 {
     void **blobs;
     size_t *lens;
-    ema_status_t status = ema__xport_allgather(xp, NULL, 0, &blobs, &lens);
+    ema_status_t status = ema_xport_allgather(xp, NULL, 0, &blobs, &lens, long_jobs);
     if (status == EMA_SUCCESS) {
         ema__xport_free_blobs(xp, blobs, lens);
     }

@@ -51,7 +51,7 @@ void ema__xport_idle(ema__xport_t *xp)
  * blocking put of 2 MiB over cuda_ipc polls UCX some 60 times, so it made
  * about one yield per operation; on the H200 removing it changed nothing
  * measurable, within the launch-to-launch noise).  Then yield every 4096
- * empty polls (some 0.5 ms), which still lets a stray thread run.  The
+ * empty polls, which still lets a stray thread run now and then.  The
  * cores are those of the affinity mask, fewer if a CPU quota grants fewer.
  */
 /* The CPUs a CFS quota grants (a container's --cpus), rounded up; 0 when
@@ -196,17 +196,21 @@ ema_status_t ema__xport_am_send(ema__xport_t *xp, int peer, unsigned id, const v
     return ema__xport_wait(xp, sp, "ucp_am_send_nbx");
 }
 
-__thread int ema__xport_top_wait;
+static void ema_xport_step(ema__xport_t *xp, int quick_only)
+{
+    if (ema__xport_progress(xp) + (unsigned)ema__xport_run_deferred(xp, quick_only) == 0) {
+        ema__xport_idle(xp);
+    }
+}
 
 void ema__xport_wait_step(ema__xport_t *xp)
 {
-    int top = ema__xport_top_wait;
-    ema__xport_top_wait = 0; /* a long job's own waits run quick jobs only */
-    unsigned n = ema__xport_progress(xp) + (unsigned)ema__xport_run_deferred(xp, !top);
-    ema__xport_top_wait = top;
-    if (n == 0) {
-        ema__xport_idle(xp);
-    }
+    ema_xport_step(xp, 1);
+}
+
+void ema__xport_wait_step_long(ema__xport_t *xp)
+{
+    ema_xport_step(xp, 0);
 }
 
 static void ema_xport_describe(ema__xport_t *xp)

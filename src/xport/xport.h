@@ -157,15 +157,14 @@ void ema__xport_set_am_handler(ema__xport_t *xp, unsigned id, ema__am_handler_cb
 ema_status_t ema__xport_am_send(ema__xport_t *xp, int peer, unsigned id, const void *hdr,
                                 size_t hdr_len, const void *data, size_t len);
 
-/* Set by a thread while it waits in a call that holds no lock of EMA's (a
- * top-level ema_barrier) in a world without a progress thread: its waits
- * then run long deferred jobs too (a lender's recall: the migration), which
- * nothing else would run while the application is in the barrier. */
-extern __thread int ema__xport_top_wait;
 /* One step of a wait that must not stall peers: progress the worker and run
  * quick deferred work (answering invalidations, borrows, table requests);
  * yield now and then when there was nothing to do. */
 void ema__xport_wait_step(ema__xport_t *xp);
+/* The same, and one long deferred job (a migration: a lender's recall, a
+ * prefetch) per step, for a wait that holds no lock of EMA's.  The long
+ * job's own waits are plain wait steps. */
+void ema__xport_wait_step_long(ema__xport_t *xp);
 
 ema_status_t ema__xport_mr_register(ema__xport_t *xp, void *addr, size_t len, size_t unit,
                                     int cuda, ema__xport_mr_t *mr);
@@ -193,8 +192,11 @@ ema_status_t ema__xport_status(ucs_status_t status);
 ema_status_t ema__xport_flush_ep(ema__xport_t *xp, int peer);
 ema_status_t ema__xport_flush(ema__xport_t *xp);
 
-/* Collectives over active messages (xport/coll.c). */
-ema_status_t ema__xport_barrier(ema__xport_t *xp);
+/* Collectives over active messages (xport/coll.c).  A barrier with
+ * @long_jobs waits with ema__xport_wait_step_long: for a caller that holds
+ * no lock of EMA's, in a world whose long jobs nothing else runs (no
+ * progress thread: ema_barrier). */
+ema_status_t ema__xport_barrier(ema__xport_t *xp, int long_jobs);
 /* Every rank contributes one blob; *blobs_p and *lens_p are arrays of size
  * (free with ema__xport_free_blobs). */
 ema_status_t ema__xport_allgather(ema__xport_t *xp, const void *blob, size_t len,

@@ -16,6 +16,12 @@ const ema_config_field_t ema__boot_config_table[] = {
     EMA_CONFIG_TABLE_END};
 
 static pmix_proc_t ema_boot_proc;
+/* PMIx stays initialised from the first ema_init that reached the server
+ * until ema_finalize: a failed ema_init (a bad argument, an unusable
+ * memory kind) leaves it up for the next try.  Taking PMIx down and up
+ * again on every failed try broke later fences: after some tens of cycles
+ * a valid ema_init failed with a bootstrap, timeout or transport error. */
+static int ema_boot_pmix_up;
 
 /* A launcher that serves PMIx leaves these in the environment. */
 static int ema_boot_launched(void)
@@ -89,18 +95,20 @@ ema_status_t ema__boot_init(ema__boot_t *boot)
                   "the launcher is broken or the variables were set by hand");
         return EMA_ERR_BOOTSTRAP;
     }
-    rc = PMIx_Init(&ema_boot_proc, NULL, 0);
-    if (rc != PMIX_SUCCESS) {
-        ema_error("PMIx_Init failed: %s (started by a launcher whose PMIx server "
-                  "cannot be reached)", PMIx_Error_string(rc));
-        return EMA_ERR_BOOTSTRAP;
+    if (!ema_boot_pmix_up) {
+        rc = PMIx_Init(&ema_boot_proc, NULL, 0);
+        if (rc != PMIX_SUCCESS) {
+            ema_error("PMIx_Init failed: %s (started by a launcher whose PMIx server "
+                      "cannot be reached)", PMIx_Error_string(rc));
+            return EMA_ERR_BOOTSTRAP;
+        }
+        ema_boot_pmix_up = 1;
     }
 
     PMIX_PROC_CONSTRUCT(&wild);
     PMIX_LOAD_PROCID(&wild, ema_boot_proc.nspace, PMIX_RANK_WILDCARD);
     if (ema_boot_get_u32(&wild, PMIX_JOB_SIZE, &v) != 0 || v == 0) {
         ema_error("PMIx_Get(PMIX_JOB_SIZE) failed");
-        PMIx_Finalize(NULL, 0);
         return EMA_ERR_BOOTSTRAP;
     }
     boot->size      = (int)v;
@@ -121,7 +129,7 @@ ema_status_t ema__boot_init(ema__boot_t *boot)
         /* EMA lends memory between the GPUs of one server. */
         ema_error("the job spans several nodes (%d of %d ranks are local): EMA runs on one "
                   "node", boot->local_size, boot->size);
-        PMIx_Finalize(NULL, 0);
+        boot->singleton = 1;
         return EMA_ERR_UNSUPPORTED;
     }
     ema_debug("PMIx rank %d of %d in %s", boot->rank, boot->size, boot->nspace);
@@ -130,9 +138,17 @@ ema_status_t ema__boot_init(ema__boot_t *boot)
 
 void ema__boot_finalize(ema__boot_t *boot)
 {
-    if (!boot->singleton) {
+    if (ema_boot_pmix_up) {
         PMIx_Finalize(NULL, 0);
+        ema_boot_pmix_up = 0;
     }
+    boot->singleton = 1;
+}
+
+void ema__boot_abandon(ema__boot_t *boot)
+{
+    /* PMIx stays up for the next ema_init (see ema_boot_pmix_up) */
+    boot->singleton = 1;
 }
 
 /* A fence that collects the data every rank put, bounded by EMA_BOOT_TIMEOUT. */

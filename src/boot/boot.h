@@ -28,6 +28,9 @@ typedef struct ema__boot {
 } ema__boot_t;
 
 ema_status_t ema__boot_init(ema__boot_t *boot);
+/* After a failed ema_init: forget the world, keep PMIx up for the next
+ * try (PMIx is taken down by ema__boot_finalize, at ema_finalize). */
+void         ema__boot_abandon(ema__boot_t *boot);
 void         ema__boot_finalize(ema__boot_t *boot);
 
 /*

@@ -23,7 +23,12 @@ EMA_EXPORT ema_status_t ema_win_free(ema_win_h win)
     while (atomic_load(&win->prefetching) > 0) {
         ema__xport_wait_step_long(win->ctx->xp);
     }
-    return ema__win_free(win->ctx, win, ema_pool_release_cb, ema__pool_world);
+    status = ema__win_free(win->ctx, win, ema_pool_release_cb, ema__pool_world);
+    if (status == EMA_SUCCESS) {
+        ema__pool_unpark(ema__pool_world); /* recalls of its segments end */
+        ema__pool_advertise(ema__pool_world);
+    }
+    return status;
 }
 
 /* Implicit reclaim: take back up to @need segments this rank lent out and
@@ -117,49 +122,97 @@ err_release:
 out:
     free(locs);
     free(handles);
+    ema__pool_advertise(pool);
     return status;
+}
+
+/* Segments of [first, last] of the own part that are not at home: spilled
+ * ones first, then borrowed ones, held ones left out.  Called with
+ * win->lock held; returns how many, in @idx. */
+static uint32_t ema_pool_away(ema__pool_t *pool, ema_win_h win, uint32_t first, uint32_t last,
+                              uint32_t *idx)
+{
+    ema__win_part_t *part = &win->parts[pool->rank];
+    uint32_t n = 0;
+
+    for (int pass = 0; pass < 2; pass++) {
+        for (uint32_t i = first; i <= last; i++) {
+            ema__loc_t l = atomic_load(&part->loc[i]) & ~EMA_LOC_MOVING;
+            int spilled  = EMA_LOC_TIER(l) == EMA_TIER_SPILL;
+            int borrowed = !spilled && EMA_LOC_RANK(l) != pool->rank;
+            if ((pass == 0 ? spilled : borrowed) && atomic_load(&win->held[i]) == 0) {
+                idx[n++] = i;
+            }
+        }
+    }
+    return n;
+}
+
+static int ema_pool_cmp_idx(const void *a, const void *b)
+{
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    return (x > y) - (x < y);
 }
 
 /*
  * Bring segments [first, last] of the own part home, into free local
  * memory, as one migration batch: spilled ones first, then borrowed ones,
- * as far as there is room (nothing is reclaimed or evicted for it).  With
- * EMA_POOL_SKIP_HELD, segments held with ema_win_acquire stay where they
- * are.  Called with win->lock held; used by shrink and prefetch.
+ * as far as there is room (nothing is reclaimed or evicted for it).
+ * Segments held with ema_win_acquire stay where they are.  The owner's
+ * reclaim callback hears of the ranges first, without the window's lock.
+ * Used by shrink and prefetch; takes win->lock itself.
  */
-static void ema_pool_bring_home(ema__pool_t *pool, ema_win_h win, uint32_t first, uint32_t last,
-                                unsigned flags)
+static void ema_pool_bring_home(ema__pool_t *pool, ema_win_h win, uint32_t first, uint32_t last)
 {
     ema__win_part_t *part = &win->parts[pool->rank];
-    uint32_t ns = atomic_load(&part->nsegs), n = 0;
+    uint32_t *idx = NULL, n = 0;
+    ema__loc_t *locs = NULL;
+    int64_t *hdls = NULL;
 
+    pthread_mutex_lock(&win->lock);
+    uint32_t ns = atomic_load(&part->nsegs);
     if (ns == 0 || first >= ns) {
+        pthread_mutex_unlock(&win->lock);
         return;
     }
     last = (last < ns) ? last : ns - 1;
-    uint32_t want    = last - first + 1;
-    uint32_t *idx    = calloc(want, sizeof(*idx));
-    ema__loc_t *locs = calloc(want, sizeof(*locs));
-    int64_t *hdls    = calloc(want, sizeof(*hdls));
-    for (int pass = 0; pass < 2 && idx != NULL; pass++) {
-        for (uint32_t i = first; i <= last; i++) {
-            ema__loc_t l = atomic_load(&part->loc[i]) & ~EMA_LOC_MOVING;
-            int spilled  = EMA_LOC_TIER(l) == EMA_TIER_SPILL;
-            int borrowed = !spilled && EMA_LOC_RANK(l) != pool->rank;
-            if ((pass == 0 ? spilled : borrowed) &&
-                !((flags & EMA_POOL_SKIP_HELD) && atomic_load(&win->held[i]) > 0)) {
-                idx[n++] = i;
-            }
-        }
+    uint32_t want = last - first + 1;
+    idx  = calloc(want, sizeof(*idx));
+    locs = calloc(want, sizeof(*locs));
+    hdls = calloc(want, sizeof(*hdls));
+    if (idx == NULL || locs == NULL || hdls == NULL) {
+        pthread_mutex_unlock(&win->lock);
+        goto out;
     }
-    if (n > 0 && locs != NULL && hdls != NULL) {
+    ema_reclaim_cb cb = win->reclaim_cb;
+    void *cb_arg      = win->reclaim_arg;
+    uint32_t nfree    = ema__seg_pool_nfree(&pool->arena->pool);
+    n = ema_pool_away(pool, win, first, last, idx);
+    pthread_mutex_unlock(&win->lock);
+    if (n == 0) {
+        goto out;
+    }
+    if (cb != NULL) {
+        /* those that may move: the first that fit in free memory */
+        uint32_t m = (n < nfree) ? n : nfree;
+        memcpy(locs, idx, m * sizeof(*idx)); /* as scratch: sorted for the runs */
+        qsort(locs, m, sizeof(*idx), ema_pool_cmp_idx);
+        ema__pool_notify(win, cb, cb_arg, (const uint32_t *)locs, m);
+    }
+
+    pthread_mutex_lock(&win->lock);
+    ns = atomic_load(&part->nsegs);
+    n  = (first < ns) ? ema_pool_away(pool, win, first, (last < ns) ? last : ns - 1, idx) : 0;
+    if (n > 0) {
         /* the first got of the list (spilled first) move */
         uint32_t got = ema__pool_acquire_segs(pool, n, -1, EMA_POOL_FROM_LOCAL, locs, hdls);
         if (got > 0) {
             ema_debug("window %u: %u of %u segments home", win->id, got, n);
-            ema__pool_migrate_batch(pool, win, idx, got, -1, locs, hdls, flags);
+            ema__pool_migrate_batch(pool, win, idx, got, -1, locs, hdls);
         }
     }
+    pthread_mutex_unlock(&win->lock);
+out:
     free(idx);
     free(locs);
     free(hdls);
@@ -213,10 +266,10 @@ EMA_EXPORT ema_status_t ema_win_shrink(ema_win_h win, size_t new_size)
 
     /* What stays should live locally where there is room */
     if (status == EMA_SUCCESS && keep > 0) {
-        pthread_mutex_lock(&win->lock);
-        ema_pool_bring_home(pool, win, 0, keep - 1, 0);
-        pthread_mutex_unlock(&win->lock);
+        ema_pool_bring_home(pool, win, 0, keep - 1);
     }
+    ema__pool_unpark(pool); /* recalls of dropped segments end */
+    ema__pool_advertise(pool);
     return status;
 }
 
@@ -232,7 +285,9 @@ EMA_EXPORT ema_status_t ema_reclaim(size_t bytes, uint64_t timeout_ms)
         return EMA_ERR_INVALID_PARAM;
     }
     int withheld;
-    return ema__pool_reclaim(pool, (uint32_t)((bytes + seg - 1) / seg), timeout_ms, &withheld);
+    status = ema__pool_reclaim(pool, (uint32_t)((bytes + seg - 1) / seg), timeout_ms, &withheld);
+    ema__pool_advertise(pool);
+    return status;
 }
 
 EMA_EXPORT ema_status_t ema_reclaim_release(size_t bytes)
@@ -251,6 +306,9 @@ EMA_EXPORT ema_status_t ema_reclaim_release(size_t bytes)
         pool->withheld -= (uint32_t)n;
     }
     pthread_mutex_unlock(&pool->lock);
+    if (status == EMA_SUCCESS) {
+        ema__pool_advertise(pool);
+    }
     return status;
 }
 
@@ -312,7 +370,11 @@ EMA_EXPORT ema_status_t ema_win_acquire(ema_win_h win, size_t offset, size_t len
 
 EMA_EXPORT ema_status_t ema_win_release(ema_win_h win, size_t offset, size_t len)
 {
-    return ema_pool_hold(win, offset, len, -1);
+    ema_status_t status = ema_pool_hold(win, offset, len, -1);
+    if (status == EMA_SUCCESS) {
+        ema__pool_unpark(ema__pool_world); /* recalls waiting for the range */
+    }
+    return status;
 }
 
 /* --- prefetch -------------------------------------------------------------- */
@@ -329,9 +391,8 @@ static void ema_pool_prefetch_job(void *arg)
 {
     ema_pool_prefetch_t *job = arg;
 
-    pthread_mutex_lock(&job->win->lock);
-    ema_pool_bring_home(job->pool, job->win, job->first, job->last, EMA_POOL_SKIP_HELD);
-    pthread_mutex_unlock(&job->win->lock);
+    ema_pool_bring_home(job->pool, job->win, job->first, job->last);
+    ema__pool_advertise(job->pool);
     atomic_fetch_sub(&job->win->prefetching, 1);
     free(job);
 }

@@ -29,6 +29,7 @@
 #include "util/clock.h"
 #include "util/log.h"
 
+#include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -39,14 +40,15 @@ enum {
     EMA_POOL_MSG_GRANT,
     EMA_POOL_MSG_GIVEBACK,
     EMA_POOL_MSG_RECALL,
-    EMA_POOL_MSG_REFUSE /* recalled segments the borrower has nowhere to move */
+    EMA_POOL_MSG_REFUSE, /* recalled segments the borrower has nowhere to move */
+    EMA_POOL_MSG_ADVERT  /* the sender's lendable segments changed (left) */
 };
 
 typedef struct {
     uint32_t type;
     uint32_t count;
     uint64_t token;
-    uint64_t left;   /* GRANT: lendable segments the lender has left */
+    uint64_t left;   /* GRANT, ADVERT: lendable segments the sender has left */
     /* GRANT: count x uint32 segs, count x int64 handles; GIVEBACK/RECALL/
      * REFUSE: count x uint32 segs */
 } ema_pool_msg_t;
@@ -59,11 +61,13 @@ typedef struct {
     int64_t   *handles;
 } ema_pool_waiter_t;
 
-typedef struct {
-    ema__pool_t   *pool;
-    int            src;
-    ema_pool_msg_t msg;
-    uint32_t       segs[];
+typedef struct ema_pool_job {
+    ema__pool_t         *pool;
+    struct ema_pool_job *next;     /* parked: see ema_pool_park */
+    int                  src;
+    int                  notified; /* RECALL: the owner's callback has run */
+    ema_pool_msg_t       msg;
+    uint32_t             segs[];
 } ema_pool_job_t;
 
 ema__pool_t *ema__pool_world;
@@ -81,6 +85,43 @@ static uint32_t ema_pool_lendable_locked(ema__pool_t *pool)
     uint32_t nfree = ema__seg_pool_nfree(&pool->arena->pool);
     uint32_t keep  = pool->reserve_segs + pool->withheld;
     return nfree > keep ? nfree - keep : 0;
+}
+
+/*
+ * Borrowers order lenders by their lendable memory (ema(7) LENDER ORDER),
+ * so each rank tells every peer when its own figure changes: after a call
+ * or job that took or freed segments.  Sends are serialised, so a peer never
+ * keeps an older figure sent late.  A grant also carries the figure, to
+ * the borrower.
+ */
+void ema__pool_advertise(ema__pool_t *pool)
+{
+    ema_pool_msg_t m;
+
+    if (pool->size <= 1) {
+        return;
+    }
+    pthread_mutex_lock(&pool->advert_lock);
+    pthread_mutex_lock(&pool->lock);
+    uint64_t left = ema_pool_lendable_locked(pool);
+    pthread_mutex_unlock(&pool->lock);
+    if (left != pool->advertised) {
+        pool->advertised = left;
+        memset(&m, 0, sizeof(m));
+        m.type = EMA_POOL_MSG_ADVERT;
+        m.left = left;
+        for (int r = 0; r < pool->size; r++) {
+            if (r != pool->rank && ema_pool_send(pool, r, &m, NULL, 0) != EMA_SUCCESS) {
+                ema_debug("cannot tell rank %d of %" PRIu64 " lendable segments", r, left);
+            }
+        }
+    }
+    pthread_mutex_unlock(&pool->advert_lock);
+}
+
+static void ema_pool_advertise_job(void *arg)
+{
+    ema__pool_advertise(arg);
 }
 
 /* Segments granted by peers and not yet in a window table: a recall for
@@ -232,6 +273,7 @@ static void ema_pool_borrow_job(void *arg)
 {
     ema_pool_job_t *job = arg;
     ema_pool_grant(job->pool, job->src, &job->msg);
+    ema__pool_advertise(job->pool);
     free(job);
 }
 
@@ -273,7 +315,11 @@ static void ema_pool_am(void *arg, int src, const void *data, size_t len)
     case EMA_POOL_MSG_GIVEBACK:
         if (plen >= (size_t)m.count * sizeof(uint32_t)) {
             ema_pool_take_back(pool, src, m.count, (const uint32_t *)payload);
+            ema__xport_defer(pool->xp, 1, ema_pool_advertise_job, pool); /* no send here */
         }
+        break;
+    case EMA_POOL_MSG_ADVERT:
+        atomic_store(&pool->peer_lendable[src], m.left);
         break;
     case EMA_POOL_MSG_REFUSE:
         if (plen >= (size_t)m.count * sizeof(uint32_t)) {
@@ -294,9 +340,11 @@ static void ema_pool_am(void *arg, int src, const void *data, size_t len)
             ema_error("out of memory handling a pool message from rank %d", src);
             return;
         }
-        job->pool = pool;
-        job->src  = src;
-        job->msg  = m;
+        job->pool     = pool;
+        job->next     = NULL;
+        job->src      = src;
+        job->notified = 0;
+        job->msg      = m;
         memcpy(job->segs, payload, n * sizeof(uint32_t));
         if (m.type == EMA_POOL_MSG_BORROW) {
             ema__xport_defer(pool->xp, 1, ema_pool_borrow_job, job);
@@ -574,29 +622,42 @@ static int ema_pool_cmp_u32(const void *a, const void *b)
  * one round of invalidations, the copies, one round of updates, and one
  * give-back per lender, so moving many segments costs the copy time plus a
  * few round trips.  Targets are @targets (with @handles) or, if NULL, found
- * anywhere but at @exclude.  Called with win->lock held.  Segments that
- * moved or went away meanwhile are skipped.
+ * anywhere but at @exclude.  Called with win->lock held, which it never
+ * drops.  Segments that moved or went away meanwhile are skipped, and so
+ * are segments held with ema_win_acquire: a migration never waits for the
+ * application (ema(7) MIGRATION), so it can run in any thread, the
+ * application's own ema_progress and ema_barrier included.  The caller
+ * looks at the table afterwards to see what did not move.  Returns
+ * EMA_ERR_NO_MEMORY when no memory was found for some of the segments.
  */
 ema_status_t ema__pool_migrate_batch(ema__pool_t *pool, ema_win_h win, uint32_t *idx,
                                      uint32_t n, int exclude, const ema__loc_t *targets,
-                                     const int64_t *handles, unsigned flags)
+                                     const int64_t *handles)
 {
-    int skip_held = (flags & EMA_POOL_SKIP_HELD) != 0;
     ema__win_part_t *part = &win->parts[pool->rank];
     size_t seg = pool->win->seg_size;
-    ema_status_t status = EMA_SUCCESS;
+    ema_status_t status = EMA_SUCCESS, found = EMA_SUCCESS;
     ema__loc_t *old = calloc(n ? n : 1, sizeof(*old));
     ema__loc_t *loc = calloc(n ? n : 1, sizeof(*loc));
     int64_t *hdl    = calloc(n ? n : 1, sizeof(*hdl));
     uint32_t *first = calloc(n ? n : 1, sizeof(*first));
     uint32_t *count = calloc(n ? n : 1, sizeof(*count));
-    uint32_t got, nruns, i;
+    uint32_t got, nruns, i, k;
 
     if (old == NULL || loc == NULL || hdl == NULL || first == NULL || count == NULL) {
         status = EMA_ERR_NO_MEMORY;
         goto out;
     }
     qsort(idx, n, sizeof(*idx), ema_pool_cmp_u32);
+    if (targets == NULL) {
+        /* held segments stay: find memory for the others only */
+        for (i = 0, k = 0; i < n; i++) {
+            if (atomic_load(&win->held[idx[i]]) == 0) {
+                idx[k++] = idx[i];
+            }
+        }
+        n = k;
+    }
     for (i = 0; i < n; i++) {
         old[i] = atomic_load(&part->loc[idx[i]]) & ~EMA_LOC_MOVING;
     }
@@ -611,34 +672,17 @@ ema_status_t ema__pool_migrate_batch(ema__pool_t *pool, ema_win_h win, uint32_t 
              * answer, not a failure of this rank */
             ema_debug("no memory anywhere to move %u of %u segments of window %u", n - got, n,
                       win->id);
-            status = EMA_ERR_NO_MEMORY;
+            found = EMA_ERR_NO_MEMORY;
             n = got; /* move what we can */
-        }
-    }
-    nruns = ema_pool_runs(idx, n, first, count);
-    if (win->reclaim_cb != NULL) {
-        for (uint32_t r = 0; r < nruns; r++) {
-            win->reclaim_cb(win, (size_t)first[r] * seg, (size_t)count[r] * seg,
-                            win->reclaim_arg);
         }
     }
 
     for (;;) {
-        /* 1. segments held with ema_win_acquire: wait, without the window's
-         * lock, for the owner to release them */
-        for (i = 0; i < n && !skip_held; i++) {
-            while (atomic_load(&win->held[idx[i]]) > 0) {
-                pthread_mutex_unlock(&win->lock);
-                ema__xport_wait_step(pool->xp);
-                pthread_mutex_lock(&win->lock);
-            }
-        }
-        /* 2. drop the segments that moved or went away meanwhile */
-        uint32_t k = 0;
-        for (i = 0; i < n; i++) {
+        /* 1. drop the segments that moved, went away or are held */
+        for (i = 0, k = 0; i < n; i++) {
             if (idx[i] < atomic_load(&part->nsegs) &&
                 (atomic_load(&part->loc[idx[i]]) & ~EMA_LOC_MOVING) == old[i] &&
-                !(skip_held && atomic_load(&win->held[idx[i]]) > 0)) {
+                atomic_load(&win->held[idx[i]]) == 0) {
                 idx[k] = idx[i];
                 old[k] = old[i];
                 loc[k] = loc[i];
@@ -653,7 +697,7 @@ ema_status_t ema__pool_migrate_batch(ema__pool_t *pool, ema_win_h win, uint32_t 
         if (n == 0) {
             goto out;
         }
-        /* 3. invalidate them everywhere, in one round */
+        /* 2. invalidate them everywhere, in one round */
         status = ema__win_invalidate_runs(win, first, count, nruns);
         int held = 0;
         for (i = 0; i < n; i++) {
@@ -662,8 +706,9 @@ ema_status_t ema__pool_migrate_batch(ema__pool_t *pool, ema_win_h win, uint32_t 
         if (status != EMA_SUCCESS || !held) {
             break;
         }
-        /* acquired while we marked them: back in service, wait again (or,
-         * skipping held ones, drop them in the next pass) */
+        /* Acquired while we marked them (ema_win_acquire marks first, then
+         * checks MOVING): back in service everywhere, and the next pass
+         * leaves the held ones out. */
         for (i = 0; i < n; i++) {
             atomic_store(&part->loc[idx[i]], old[i]);
         }
@@ -672,7 +717,7 @@ ema_status_t ema__pool_migrate_batch(ema__pool_t *pool, ema_win_h win, uint32_t 
         }
     }
 
-    /* 4. copy, and map the new memory at the same addresses */
+    /* 3. copy, and map the new memory at the same addresses */
     uint32_t ok = 0;
     double tm0 = ema__now_us(), tm_copy = 0;
     if (pool->win->direct) {
@@ -700,7 +745,7 @@ ema_status_t ema__pool_migrate_batch(ema__pool_t *pool, ema_win_h win, uint32_t 
         status = ema__win_seg_move_batch(win, idx, loc, hdl, n, &ok);
     }
     double tm1 = ema__now_us();
-    /* 5. the new locations (the old ones where a copy failed: that data is
+    /* 4. the new locations (the old ones where a copy failed: that data is
      * intact, still mapped there), in one round of updates */
     for (i = 0; i < n; i++) {
         atomic_store(&part->loc[idx[i]], (i < ok) ? loc[i] : old[i]);
@@ -712,7 +757,7 @@ ema_status_t ema__pool_migrate_batch(ema__pool_t *pool, ema_win_h win, uint32_t 
     if (win->stats.nwanted > 0) {
         ema__pool_wanted_bytes(win); /* forgets the wanted segments that moved */
     }
-    /* 6. give the old memory back, one message per lender */
+    /* 5. give the old memory back, one message per lender */
     double tm2 = ema__now_us();
     ema_pool_release_many(pool, old, ok);
     ema_pool_release_many(pool, loc + ok, n - ok);
@@ -726,7 +771,7 @@ out:
     free(hdl);
     free(first);
     free(count);
-    return status;
+    return (status == EMA_SUCCESS) ? found : status;
 }
 
 /* @n borrowed segments of @win's own part, @segs of rank @src, were refused
@@ -785,21 +830,106 @@ size_t ema__pool_wanted_bytes(ema_win_h win)
     return bytes;
 }
 
-/* A lender wants these segments back: move the data (one batch per
- * window), give them back. */
+/*
+ * Tell the owner which ranges of @win's part are about to move: its reclaim
+ * callback, once per run of consecutive segments in @idx (ascending).  Never
+ * under the window's lock, so the callback may call any ema_win_* on the
+ * window (ema_win_release to let a held range go, ema_win_stat).
+ */
+void ema__pool_notify(ema_win_h win, ema_reclaim_cb cb, void *cb_arg, const uint32_t *idx,
+                      uint32_t n)
+{
+    size_t seg = win->ctx->seg_size;
+
+    for (uint32_t i = 0; cb != NULL && i < n;) {
+        uint32_t j = i + 1;
+        while (j < n && idx[j] == idx[j - 1] + 1) {
+            j++;
+        }
+        cb(win, (size_t)idx[i] * seg, (size_t)(j - i) * seg, cb_arg);
+        i = j;
+    }
+}
+
+/* Indices of the segments of @win's own part that live in @src's memory
+ * and are among @segs[0..n) not yet @found (then marked found 1 if @mark).
+ * Called with win->lock held. */
+static uint32_t ema_pool_recall_collect(ema__pool_t *pool, ema_win_h win, int src,
+                                        const uint32_t *segs, uint32_t n, uint8_t *found,
+                                        int mark, uint32_t *idx)
+{
+    ema__win_part_t *part = &win->parts[pool->rank];
+    uint32_t ns = atomic_load(&part->nsegs), m = 0;
+
+    for (uint32_t i = 0; i < ns; i++) {
+        ema__loc_t l = atomic_load(&part->loc[i]) & ~EMA_LOC_MOVING;
+        if (EMA_LOC_RANK(l) != src || EMA_LOC_TIER(l) != EMA_TIER_DEVICE) {
+            continue;
+        }
+        for (uint32_t k = 0; k < n; k++) {
+            if (!found[k] && segs[k] == EMA_LOC_SEG(l)) {
+                found[k] = mark ? 1 : 0;
+                idx[m++] = i;
+                break;
+            }
+        }
+    }
+    return m;
+}
+
+/* Park a recall whose segments are held with ema_win_acquire until the
+ * owner releases something (ema__pool_unpark), unless a release came since
+ * the job started (@gen): then it runs again at once. */
+static void ema_pool_park(ema__pool_t *pool, ema_pool_job_t *job, uint64_t gen)
+{
+    pthread_mutex_lock(&pool->lock);
+    if (atomic_load(&pool->release_gen) == gen) {
+        job->next    = pool->parked;
+        pool->parked = job;
+        job          = NULL;
+    }
+    pthread_mutex_unlock(&pool->lock);
+    if (job != NULL) {
+        ema__xport_defer(pool->xp, 0, ema_pool_recall_job, job);
+    }
+}
+
+void ema__pool_unpark(ema__pool_t *pool)
+{
+    atomic_fetch_add(&pool->release_gen, 1);
+    pthread_mutex_lock(&pool->lock);
+    ema_pool_job_t *job = pool->parked;
+    pool->parked = NULL;
+    pthread_mutex_unlock(&pool->lock);
+    while (job != NULL) {
+        ema_pool_job_t *next = job->next;
+        ema__xport_defer(pool->xp, 0, ema_pool_recall_job, job);
+        job = next;
+    }
+}
+
+/*
+ * A lender wants these segments back: move the data (one batch per
+ * window), give them back.  Segments held with ema_win_acquire stay (the
+ * others of the batch move now); the job parks until the owner releases,
+ * then looks again.  So the job never waits for the application, and runs
+ * as well from the application's own ema_progress or ema_barrier.
+ */
 static void ema_pool_recall_job(void *arg)
 {
     ema_pool_job_t *job = arg;
     ema__pool_t *pool   = job->pool;
     ema__win_ctx_t *ctx = pool->win;
-    uint32_t n          = job->msg.count, retry = 0;
+    uint64_t gen        = atomic_load(&pool->release_gen);
+    uint32_t n          = job->msg.count, retry = 0, nheld = 0;
     uint8_t *found      = calloc(n ? n : 1, 1);
+    uint8_t *held       = calloc(n ? n : 1, 1);
     uint32_t *idx       = calloc(n ? n : 1, sizeof(*idx));
     uint32_t *idx2      = calloc(n ? n : 1, sizeof(*idx2));
     uint32_t *refuse    = calloc(n ? n : 1, sizeof(*refuse));
     uint32_t nrefuse    = 0;
 
-    if (found == NULL || idx == NULL || idx2 == NULL || refuse == NULL) {
+    if (found == NULL || held == NULL || idx == NULL || idx2 == NULL || refuse == NULL) {
         ema_error("out of memory handling a recall from rank %d", job->src);
         goto out;
     }
@@ -819,35 +949,48 @@ static void ema_pool_recall_job(void *arg)
     pthread_mutex_unlock(&ctx->lock);
     for (; win != NULL; win = win->next) {
         uint32_t m = 0;
+        if (!job->notified) {
+            /* the owner hears first, and may release what it held */
+            pthread_mutex_lock(&win->lock);
+            ema_reclaim_cb cb = win->reclaim_cb;
+            void *cb_arg      = win->reclaim_arg;
+            if (win->magic == EMA_WIN_MAGIC && cb != NULL) {
+                m = ema_pool_recall_collect(pool, win, job->src, job->segs, n, found, 0, idx);
+            }
+            pthread_mutex_unlock(&win->lock);
+            ema__pool_notify(win, cb, cb_arg, idx, m);
+        }
         pthread_mutex_lock(&win->lock);
         if (win->magic == EMA_WIN_MAGIC) {
             ema__win_part_t *part = &win->parts[pool->rank];
-            uint32_t ns = atomic_load(&part->nsegs);
-            for (uint32_t i = 0; i < ns; i++) {
-                ema__loc_t l = atomic_load(&part->loc[i]) & ~EMA_LOC_MOVING;
-                if (EMA_LOC_RANK(l) != job->src || EMA_LOC_TIER(l) != EMA_TIER_DEVICE) {
-                    continue;
-                }
-                for (uint32_t k = 0; k < n; k++) {
-                    if (!found[k] && job->segs[k] == EMA_LOC_SEG(l)) {
-                        found[k] = 1;
-                        idx[m++] = i;
-                        break;
-                    }
-                }
-            }
+            m = ema_pool_recall_collect(pool, win, job->src, job->segs, n, found, 1, idx);
             if (m > 0) {
                 /* the migration gives the old segments back */
                 memcpy(idx2, idx, m * sizeof(*idx));
-                ema__pool_migrate_batch(pool, win, idx, m, job->src, NULL, NULL, 0);
-                /* what could not move (nowhere to put it) is refused, so
-                 * the lender stops waiting for it */
+                ema_status_t st = ema__pool_migrate_batch(pool, win, idx, m, job->src, NULL,
+                                                          NULL);
+                /* What did not move: held ones wait for their release;
+                 * the others had nowhere to go and are refused, so the
+                 * lender stops waiting for them. */
                 uint32_t nref0 = nrefuse;
                 for (uint32_t i = 0; i < m; i++) {
                     ema__loc_t l = atomic_load(&part->loc[idx2[i]]) & ~EMA_LOC_MOVING;
-                    if (idx2[i] < atomic_load(&part->nsegs) && EMA_LOC_RANK(l) == job->src &&
-                        EMA_LOC_TIER(l) == EMA_TIER_DEVICE) {
+                    if (idx2[i] >= atomic_load(&part->nsegs) || EMA_LOC_RANK(l) != job->src ||
+                        EMA_LOC_TIER(l) != EMA_TIER_DEVICE) {
+                        continue;
+                    }
+                    if (st == EMA_ERR_NO_MEMORY && atomic_load(&win->held[idx2[i]]) == 0) {
                         refuse[nrefuse++] = EMA_LOC_SEG(l);
+                    } else {
+                        /* held (or acquired and released during the
+                         * move): look again after a release */
+                        for (uint32_t k = 0; k < n; k++) {
+                            if (job->segs[k] == EMA_LOC_SEG(l) && found[k] == 1) {
+                                held[k] = 1;
+                                nheld++;
+                                break;
+                            }
+                        }
                     }
                 }
                 if (nrefuse > nref0) {
@@ -857,16 +1000,22 @@ static void ema_pool_recall_job(void *arg)
         }
         pthread_mutex_unlock(&win->lock);
     }
+    int granted = 0;
     for (uint32_t k = 0; k < n; k++) {
-        if (found[k] == 2) {
+        if (found[k] == 2 || held[k]) {
             /* granted to a grow or a migration of ours that had not mapped
-             * it yet: look again once it has */
+             * it yet: look again once it has; held: after a release */
+            granted |= (found[k] == 2);
             job->segs[retry++] = job->segs[k];
         } else if (!found[k]) {
             /* not ours any more: given back already, or on its way */
             ema_debug("recalled segment %u of rank %d is not mapped here", job->segs[k],
                       job->src);
         }
+    }
+    if (nheld > 0) {
+        ema_debug("recall from rank %d: %u segments held with ema_win_acquire move once "
+                  "released", job->src, nheld);
     }
     if (nrefuse > 0) {
         ema_pool_msg_t m;
@@ -875,14 +1024,21 @@ static void ema_pool_recall_job(void *arg)
         m.count = nrefuse;
         ema_pool_send(pool, job->src, &m, refuse, (size_t)nrefuse * sizeof(uint32_t));
     }
+    ema__pool_advertise(pool); /* the data may have moved into our own memory */
 out:
     free(found);
+    free(held);
     free(idx);
     free(idx2);
     free(refuse);
     if (retry > 0) {
         job->msg.count = retry;
-        ema__xport_defer(pool->xp, 0, ema_pool_recall_job, job);
+        job->notified  = 1; /* the owner heard of them once */
+        if (granted) {
+            ema__xport_defer(pool->xp, 0, ema_pool_recall_job, job);
+        } else {
+            ema_pool_park(pool, job, gen);
+        }
         return;
     }
     free(job);
@@ -1082,6 +1238,9 @@ ema_status_t ema__pool_init(ema__pool_t *pool, ema__win_ctx_t *win, ema__mem_are
     pool->reserve_segs = (uint32_t)((pool->cfg.lend_reserve + win->seg_size - 1) / win->seg_size);
     pthread_mutex_init(&pool->lock, NULL);
     pthread_mutex_init(&pool->acq_lock, NULL);
+    pthread_mutex_init(&pool->advert_lock, NULL);
+    pool->parked  = NULL;
+    atomic_init(&pool->release_gen, 0);
     pool->acq     = NULL;
     pool->nacq    = 0;
     pool->acq_cap = 0;
@@ -1101,9 +1260,13 @@ ema_status_t ema__pool_init(ema__pool_t *pool, ema__win_ctx_t *win, ema__mem_are
         uint64_t cap = win->exports[EMA_TIER_DEVICE][r].capacity / win->seg_size;
         atomic_init(&pool->peer_lendable[r], cap > pool->reserve_segs ? cap - pool->reserve_segs : 0);
     }
+    /* what every peer assumes of us until we say otherwise */
+    pool->advertised = atomic_load(&pool->peer_lendable[pool->rank]);
     atomic_init(&pool->recall_pending, 0);
     atomic_init(&pool->recall_refused, 0);
     ema__xport_set_am_handler(pool->xp, EMA_AM_POOL, ema_pool_am, pool);
+    win->changed_cb  = ema_pool_advertise_job;
+    win->changed_arg = pool;
     ema__pool_world = pool;
     return EMA_SUCCESS;
 }
@@ -1120,6 +1283,11 @@ void ema__pool_start(ema__pool_t *pool)
 
 void ema__pool_cleanup(ema__pool_t *pool)
 {
+    while (pool->parked != NULL) { /* recalls still waiting for a release */
+        ema_pool_job_t *job = pool->parked;
+        pool->parked = job->next;
+        free(job);
+    }
     free(pool->lent_to);
     free(pool->recalling);
     free(pool->granting);

@@ -50,6 +50,10 @@ typedef struct ema__pool {
     uint32_t           withheld;     /* free segments not to be lent or used */
     atomic_int         recall_pending;
     atomic_int         recall_refused; /* recalled segments borrowers could not move */
+    struct ema_pool_job *parked;      /* recalls waiting for a release (under lock) */
+    _Atomic uint64_t   release_gen;   /* releases so far (ema__pool_unpark) */
+    pthread_mutex_t    advert_lock;   /* one advertisement at a time */
+    uint64_t           advertised;    /* lendable segments last advertised */
 
     pthread_mutex_t    acq_lock;      /* granted segments not mapped yet */
     ema__loc_t        *acq;
@@ -85,20 +89,28 @@ void         ema__pool_release_loc(ema__pool_t *pool, ema__loc_t loc);
 void         ema__pool_acq_done(ema__pool_t *pool, const ema__loc_t *locs, uint32_t n);
 void         ema__pool_giveback(ema__pool_t *pool, int lender, uint32_t count,
                                 const uint32_t *segs);
-/* Move segments @idx[0..n) of the own part of @win to @targets (with
- * @handles), or, if NULL, to memory found anywhere but at @exclude, as one
- * batch (@idx is sorted in place).  Called with win->lock held.  With
- * EMA_POOL_SKIP_HELD, segments held with ema_win_acquire are left where
- * they are instead of waited for (a prefetch: a hint that must not stall
- * the progress engine behind the application). */
-#define EMA_POOL_SKIP_HELD 1u
 /* The bytes of @win's own part that lenders asked back and that are still
  * there (ema_win_stat's bytes_wanted); forgets the segments wanted back
  * that have left the part.  Called with win->lock held. */
 size_t       ema__pool_wanted_bytes(ema_win_h win);
+/* Move segments @idx[0..n) of the own part of @win to @targets (with
+ * @handles), or, if NULL, to memory found anywhere but at @exclude, as one
+ * batch (@idx is sorted in place).  Called with win->lock held, never
+ * dropped.  Segments held with ema_win_acquire stay where they are: a
+ * migration never waits for the application. */
 ema_status_t ema__pool_migrate_batch(ema__pool_t *pool, ema_win_h win, uint32_t *idx,
                                      uint32_t n, int exclude, const ema__loc_t *targets,
-                                     const int64_t *handles, unsigned flags);
+                                     const int64_t *handles);
+/* The owner's reclaim callback @cb for the runs of @idx[0..n) (ascending),
+ * called without win->lock. */
+void         ema__pool_notify(ema_win_h win, ema_reclaim_cb cb, void *cb_arg,
+                              const uint32_t *idx, uint32_t n);
+/* The owner released held segments (or shrank or freed a window): recalls
+ * parked on held segments look again. */
+void         ema__pool_unpark(ema__pool_t *pool);
+/* This rank's lendable memory changed: tell the peers, for their lender
+ * order (ADVERT).  Not from an AM handler. */
+void         ema__pool_advertise(ema__pool_t *pool);
 /* Recall until @target segments are free and withheld.  EMA_ERR_TIMEOUT at
  * the timeout, EMA_ERR_NO_MEMORY when a borrower had nowhere to move some
  * (both: what came back stays withheld, the rest stays lent; *withheld_p

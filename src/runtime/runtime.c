@@ -35,6 +35,10 @@ const ema_config_field_t ema__runtime_config_table[] = {
      "host kind: put, get and atomics as loads and stores on peers' mapped memory; n sends "
      "them through UCX as on the cuda kind (slower: for testing that path on any machine)",
      EMA_RT_CFG(host_direct), &ema__config_bool},
+    {"DEBUG_WIN_LINK_DELAY", "0",
+     "testing only: microseconds each rank sleeps inside ema_win_allocate after the exchange, "
+     "before the new window is known to it (widens a race for the regression tests)",
+     EMA_RT_CFG(debug_link_delay), &ema__config_uint},
     {"LOG_LEVEL", "warn", "log level: error, warn, info, debug or trace",
      EMA_RT_CFG(log_level), &ema_level_parser},
     EMA_CONFIG_TABLE_END};
@@ -324,6 +328,7 @@ EMA_EXPORT ema_status_t ema_init(const ema_init_params_t *params)
         goto err_xport;
     }
     w->win.no_direct = !w->cfg.host_direct;
+    w->win.debug_link_delay_us = w->cfg.debug_link_delay;
     status = ema_modex(w);
     if (status != EMA_SUCCESS) {
         goto err_win;
@@ -371,7 +376,7 @@ err_arena:
     w->arena = NULL;
     ema_topo_cleanup(w);
 err_boot:
-    ema__boot_finalize(&w->boot);
+    ema__boot_abandon(&w->boot);
 err_state:
     atomic_store(&ema__state, EMA_STATE_NONE);
     return status;

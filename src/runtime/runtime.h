@@ -24,6 +24,7 @@ typedef struct ema__runtime_config {
     size_t segment_size;  /* 0: the kind's default */
     int    hugepages;     /* host: try huge pages for the arena */
     int    host_direct;   /* host: put/get as loads and stores on mapped peers */
+    unsigned debug_link_delay; /* tests: us before a new window is made known */
     int    log_level;
 } ema__runtime_config_t;
 

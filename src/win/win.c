@@ -5,6 +5,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* --- the world's memory tiers -------------------------------------------- */
 
@@ -332,16 +333,35 @@ exchange:
         atomic_init(&part->nsegs, d->nsegs);
         atomic_init(&part->version, 1);
     }
-    ema__xport_free_blobs(ctx->xp, blobs, lens);
-    free(desc);
-    free(segs);
-
+    if (ctx->debug_link_delay_us > 0) {
+        usleep(ctx->debug_link_delay_us); /* EMA_DEBUG_WIN_LINK_DELAY: tests only */
+    }
     win->magic = EMA_WIN_MAGIC;
     pthread_mutex_lock(&ctx->lock);
     win->id   = ctx->next_id++;
     win->next = ctx->wins;
     ctx->wins = win;
     pthread_mutex_unlock(&ctx->lock);
+    /* Every rank knows the window before any rank uses it.  Otherwise a
+     * peer's first grow, migration or table request could reach a rank that
+     * is still between the allgather and the list above: it would drop the
+     * update and acknowledge the invalidation of a window it does not know,
+     * and then read through a stale table (wrong bytes). */
+    status = ema__xport_barrier(ctx->xp, 0);
+    if (status != EMA_SUCCESS) {
+        ema_error("ema_win_allocate: the closing barrier failed: %s", ema_strerror(status));
+        pthread_mutex_lock(&ctx->lock);
+        ctx->wins  = win->next;
+        pthread_mutex_unlock(&ctx->lock);
+        win->magic = 0;
+        goto err_unmap;
+    }
+    ema__xport_free_blobs(ctx->xp, blobs, lens);
+    free(desc);
+    free(segs);
+    if (ctx->changed_cb != NULL) {
+        ctx->changed_cb(ctx->changed_arg); /* less memory of ours is free */
+    }
     *base_p = (max_size > 0) ? win->base : NULL;
     *win_p  = win;
     return EMA_SUCCESS;

@@ -109,6 +109,11 @@ typedef struct ema__win_ctx {
     struct ema_win    *dead;      /* freed handles, kept until finalize so a
                                      stale handle is detected, not followed */
     uint32_t           next_id;
+    /* The own memory in use changed (a window was allocated): the pool
+     * tells the peers how much it can lend now. */
+    void             (*changed_cb)(void *arg);
+    void              *changed_arg;
+    unsigned           debug_link_delay_us; /* EMA_DEBUG_WIN_LINK_DELAY */
 } ema__win_ctx_t;
 
 struct ema_win {

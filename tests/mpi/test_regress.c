@@ -1,0 +1,515 @@
+/*
+ * Regression tests for the defects a black-box pass found (issue 12), on 4
+ * ranks of the host kind.  Each scenario failed before its fix:
+ *
+ *   test_regress init_retry   (any settings)
+ *       test_init_succeeds_after_many_failed_inits
+ *         40 ema_init calls failing with a bad segment size, then a valid
+ *         one: it used to fail with a bootstrap, timeout or transport error.
+ *   test_regress held_noprog  (EMA_PROGRESS_THREAD=n, spill host)
+ *       test_recall_of_held_segment_never_blocks_progress
+ *         rank 0 holds one borrowed segment of four; the lender reclaims:
+ *         the three free segments move at once, the held one once released,
+ *         and rank 0's ema_progress and ema_barrier keep returning (they
+ *         used to block for ever).
+ *   test_regress order        (EMA_SPILL=none, no reserve)
+ *       test_lender_order_follows_current_lendable_memory
+ *         lenders with 8, 32 and 16 segments lendable: the first borrow goes
+ *         to the one with 32, later ones follow each lender's current figure
+ *         (they used to follow what the borrower last heard, or the rank).
+ *   test_regress early        (EMA_DEBUG_WIN_LINK_DELAY on rank 2 only)
+ *       test_window_used_before_every_rank_knows_it
+ *         rank 0 shrinks and regrows a new window into borrowed memory
+ *         before a slow rank 2 has made the window known: rank 2's gets used
+ *         to read the old locations (wrong bytes).
+ *   test_regress race [SECONDS] (default 20)
+ *       test_moves_racing_third_rank_reads_lose_no_byte
+ *         rounds of a freshly allocated window that rank 0 grows, prefetches,
+ *         shrinks and regrows while rank 1 reclaims and ranks 2 and 3 read it
+ *         with ema_get, every byte checked.
+ */
+#include "common.h"
+
+#include <unistd.h>
+
+static size_t SEG;
+static ema_win_h ctl;     /* per rank: [0] a flag, [64..] its ema_mem_stat_t */
+static void *ctl_base;
+#define CTL_SIZE  4096
+#define CTL_FLAG  0
+#define CTL_STAT  64
+#define LIMIT_S   10.0    /* bound on every wait for asynchronous state */
+
+static void ctl_setup(void)
+{
+    ema_win_stat_t ws;
+    T_OK(ema_win_allocate(CTL_SIZE, NULL, &ctl_base, &ctl));
+    own_memset(ctl, ctl_base, 0, 0, CTL_SIZE);
+    /* max_size defaults to the size rounded up to whole segments */
+    T_OK(ema_win_stat(ctl, &ws));
+    SEG = ws.max_size;
+    T_OK(ema_barrier());
+}
+
+/* Every rank's ema_mem_stat, taken after a barrier. */
+static void gather(ema_mem_stat_t *st)
+{
+    ema_mem_stat_t m;
+    T_OK(ema_mem_stat(&m));
+    own_write(ctl, ctl_base, CTL_STAT, &m, sizeof(m));
+    T_OK(ema_barrier());
+    for (int r = 0; r < ema_t_size; r++) {
+        T_OK(ema_get(ctl, r, CTL_STAT, &st[r], sizeof(st[r])));
+    }
+    T_OK(ema_barrier());
+}
+
+static uint64_t wpat(uint64_t seed, size_t word)
+{
+    uint64_t s = seed * 0x9e3779b97f4a7c15ull + (uint64_t)word * 0xd1b54a32d192ed03ull;
+    return t_rand(&s);
+}
+
+static void fill_own(void *base, size_t from, size_t to, uint64_t seed)
+{
+    for (size_t o = from; o < to; o += 8) {
+        ((uint64_t *)base)[o / 8] = wpat(seed, o / 8);
+    }
+}
+
+/* Offset of the first word of [from, to) of @buf (which starts at @from)
+ * that differs from the pattern, or SIZE_MAX. */
+static size_t check_buf(const uint64_t *buf, size_t from, size_t to, uint64_t seed)
+{
+    for (size_t o = from; o < to; o += 8) {
+        if (buf[(o - from) / 8] != wpat(seed, o / 8)) {
+            return o;
+        }
+    }
+    return SIZE_MAX;
+}
+
+static size_t check_remote(ema_win_h win, int rank, size_t from, size_t to, uint64_t seed)
+{
+    uint64_t *buf = t_malloc(to - from);
+    ema_status_t s = ema_get(win, rank, from, buf, to - from);
+    size_t bad = (s == EMA_SUCCESS) ? check_buf(buf, from, to, seed) : from;
+    free(buf);
+    return bad;
+}
+
+/* ------------------------------------------------------------------------ */
+
+static void test_init_succeeds_after_many_failed_inits(void)
+{
+    ema_init_params_t p;
+    memset(&p, 0, sizeof(p));
+    p.field_mask   = EMA_INIT_PARAM_FIELD_SEGMENT_SIZE;
+    p.segment_size = 12345; /* not a multiple of the page size */
+    int bad = 0;
+    for (int i = 0; i < 40; i++) {
+        ema_status_t s = ema_init(&p);
+        bad += (s != EMA_ERR_INVALID_PARAM);
+        if (s == EMA_SUCCESS) {
+            ema_finalize();
+            break;
+        }
+    }
+    ema_test_init("test_init_succeeds_after_many_failed_inits");
+    ema_test_begin("test_init_succeeds_after_many_failed_inits");
+    T_EXPECT(bad == 0, "%d of 40 inits with a bad segment size did not fail with "
+             "EMA_ERR_INVALID_PARAM", bad);
+    /* the world works: a ring of puts */
+    void *base;
+    ema_win_h win;
+    T_OK(ema_win_allocate(4096, NULL, &base, &win));
+    uint64_t v = 0xabc0 + (uint64_t)ema_t_rank, got = 0;
+    T_OK(ema_put(win, (ema_t_rank + 1) % ema_t_size, 0, &v, sizeof(v)));
+    T_OK(ema_win_flush_all(win));
+    T_OK(ema_barrier());
+    T_OK(ema_get(win, ema_t_rank, 0, &got, sizeof(got)));
+    int from = (ema_t_rank + ema_t_size - 1) % ema_t_size;
+    T_EXPECT(got == 0xabc0 + (uint64_t)from, "ring put from rank %d read %#" PRIx64, from, got);
+    T_OK(ema_barrier());
+    T_OK(ema_win_free(win));
+}
+
+/* ------------------------------------------------------------------------ */
+
+/* ema_progress calls for @secs seconds (or until rank @flag_rank's flag is
+ * set, if >= 0); returns the longest call, in seconds. */
+static double progress_for(double secs, int flag_rank)
+{
+    double t_end = t_now() + secs, longest = 0;
+    while (t_now() < t_end) {
+        double t0 = t_now();
+        ema_status_t s = ema_progress();
+        double dt = t_now() - t0;
+        longest = dt > longest ? dt : longest;
+        T_EXPECT(s == EMA_SUCCESS || s == EMA_INPROGRESS, "ema_progress returned %d", (int)s);
+        if (flag_rank >= 0) {
+            uint64_t f = 0;
+            T_OK(ema_get(ctl, flag_rank, CTL_FLAG, &f, sizeof(f)));
+            if (f) {
+                break;
+            }
+        }
+    }
+    return longest;
+}
+
+static void test_recall_of_held_segment_never_blocks_progress(void)
+{
+    ema_mem_stat_t st[64], m;
+    void *wb, *bb;
+    ema_win_h win, ballast;
+    ema_win_params_t wp = {.field_mask = EMA_WIN_PARAM_FIELD_MAX_SIZE, .max_size = 8 * SEG};
+
+    ema_test_begin("test_recall_of_held_segment_never_blocks_progress");
+    T_OK(ema_mem_stat(&m));
+    /* rank 0 fills its own memory, so its window grows into a peer's */
+    T_OK(ema_win_allocate(ema_t_rank == 0 ? m.bytes_free : 0, NULL, &bb, &ballast));
+    T_OK(ema_win_allocate(0, &wp, &wb, &win));
+    size_t size = 4 * SEG;
+    if (ema_t_rank == 0) {
+        T_OK(ema_win_grow(win, size));
+        fill_own(wb, 0, size, 7);
+        T_OK(ema_win_acquire(win, 0, SEG)); /* the first segment, held */
+    }
+    T_OK(ema_barrier());
+    gather(st);
+    int L = -1;
+    for (int r = 1; r < ema_t_size; r++) {
+        if (st[r].bytes_lent > 0) {
+            L = (L < 0 || st[r].bytes_lent > st[L].bytes_lent) ? r : L;
+        }
+    }
+    T_EXPECT(L > 0 && st[L].bytes_lent == size, "rank 0's 4 segments are not all lent by one "
+             "rank (largest lender %d)", L);
+    if (L < 0) {
+        goto out;
+    }
+    size_t take = st[L].bytes_free + st[L].bytes_lent;
+    if (ema_t_rank == L) {
+        double t0 = t_now();
+        T_STATUS(ema_reclaim(take, 400), EMA_ERR_TIMEOUT);
+        double dt = t_now() - t0;
+        T_EXPECT(dt < 5.0, "ema_reclaim(timeout 400 ms) took %.2f s", dt);
+        T_OK(ema_mem_stat(&m));
+        /* the three free segments came back at once; the held one did not */
+        T_EXPECT(m.bytes_lent == SEG, "lent %zu after the reclaim, expected only the held "
+                 "segment (%zu)", m.bytes_lent, SEG);
+    } else {
+        double longest = progress_for(1.5, -1);
+        T_EXPECT(longest < 0.5, "an ema_progress call took %.2f s while a reclaim waited on "
+                 "a held segment", longest);
+    }
+    T_OK(ema_barrier()); /* must return on rank 0 too */
+    if (ema_t_rank == 0) {
+        size_t bad = check_buf(wb, 0, size, 7);
+        T_EXPECT(bad == SIZE_MAX, "owner's word at %zu wrong while held", bad);
+        ema_win_stat_t ws;
+        T_OK(ema_win_stat(win, &ws));
+        T_EXPECT(ws.bytes_borrowed == size, "borrowed %zu, expected %zu", ws.bytes_borrowed,
+                 size);
+        T_OK(ema_win_release(win, 0, SEG));
+    }
+    own_store_u64(ctl, ctl_base, CTL_FLAG, 0);
+    T_OK(ema_barrier());
+    if (ema_t_rank == L) {
+        /* released: the held segment moves and comes back */
+        double t0 = t_now();
+        do {
+            ema_progress();
+            T_OK(ema_mem_stat(&m));
+        } while (m.bytes_lent > 0 && t_now() - t0 < LIMIT_S);
+        T_EXPECT(m.bytes_lent == 0, "still lent %zu bytes %.0f s after the release",
+                 m.bytes_lent, LIMIT_S);
+        own_store_u64(ctl, ctl_base, CTL_FLAG, 1);
+        if (m.bytes_withheld > 0) {
+            T_STATUS(ema_reclaim_release(m.bytes_withheld), EMA_SUCCESS);
+        }
+    } else {
+        progress_for(LIMIT_S + 1, L);
+    }
+    T_OK(ema_barrier());
+    if (ema_t_rank == 0) {
+        size_t bad = check_buf(wb, 0, size, 7);
+        T_EXPECT(bad == SIZE_MAX, "owner's word at %zu wrong after the move", bad);
+    } else {
+        size_t bad = check_remote(win, 0, 0, size, 7);
+        T_EXPECT(bad == SIZE_MAX, "rank %d read a wrong word at %zu after the move",
+                 ema_t_rank, bad);
+    }
+out:
+    T_OK(ema_barrier());
+    T_OK(ema_win_free(win));
+    T_OK(ema_win_free(ballast));
+}
+
+/* ------------------------------------------------------------------------ */
+
+/* Which rank lent more since @before: the single lender of a one-segment
+ * borrow. */
+static int lender_since(const ema_mem_stat_t *before, const ema_mem_stat_t *now)
+{
+    int who = -1, n = 0;
+    for (int r = 0; r < ema_t_size; r++) {
+        if (now[r].bytes_lent > before[r].bytes_lent) {
+            who = r;
+            n++;
+        }
+    }
+    return (n == 1) ? who : -1 - n;
+}
+
+static void grow_one_and_check(ema_win_h win, size_t *size, size_t by, int expect,
+                               const char *why)
+{
+    ema_mem_stat_t a[64], b[64];
+    gather(a);
+    if (ema_t_rank == 0) {
+        *size += by;
+        T_OK(ema_win_grow(win, *size));
+    }
+    T_OK(ema_barrier()); /* the lenders' stats after the grow */
+    gather(b);
+    if (ema_t_rank == 0) {
+        int got = lender_since(a, b);
+        T_EXPECT(got == expect, "%s: lent by rank %d, expected rank %d (before: free %zu %zu "
+                 "%zu %zu, lent %zu %zu %zu %zu; after: lent %zu %zu %zu %zu)", why, got, expect,
+                 a[0].bytes_free, a[1].bytes_free, a[2].bytes_free, a[3].bytes_free,
+                 a[0].bytes_lent, a[1].bytes_lent, a[2].bytes_lent, a[3].bytes_lent,
+                 b[0].bytes_lent, b[1].bytes_lent, b[2].bytes_lent, b[3].bytes_lent);
+    }
+}
+
+static void test_lender_order_follows_current_lendable_memory(void)
+{
+    ema_mem_stat_t m;
+    void *bb, *wb;
+    ema_win_h ballast, win;
+    ema_win_params_t wp = {.field_mask = EMA_WIN_PARAM_FIELD_MAX_SIZE};
+
+    ema_test_begin("test_lender_order_follows_current_lendable_memory");
+    if (ema_t_size != 4) {
+        goto skip;
+    }
+    T_OK(ema_mem_stat(&m));
+    size_t nfree = m.bytes_free / SEG;
+    static const size_t keep[4] = {0, 8, 32, 16}; /* segments each rank leaves lendable */
+    if (nfree < 33) {
+        T_EXPECT(0, "needs 33 free segments, has %zu (EMA_DEVICE_MEMORY)", nfree);
+        goto skip;
+    }
+    wp.max_size = 64 * SEG;
+    T_OK(ema_win_allocate((nfree - keep[ema_t_rank]) * SEG, NULL, &bb, &ballast));
+    T_OK(ema_win_allocate(0, &wp, &wb, &win));
+    T_OK(ema_barrier());
+    size_t size = 0;
+    grow_one_and_check(win, &size, SEG, 2, "first borrow (8, 32, 16 lendable)");
+    /* rank 2 lends 17 more, then has 14 left: rank 3's 16 come first */
+    grow_one_and_check(win, &size, 17 * SEG, 2, "17 more");
+    grow_one_and_check(win, &size, SEG, 3, "after rank 2 lent 18 of 32");
+    /* rank 1 frees most of its memory: it becomes the best lender */
+    if (ema_t_rank == 1) {
+        T_OK(ema_win_shrink(ballast, 0));
+    }
+    T_OK(ema_barrier());
+    grow_one_and_check(win, &size, SEG, 1, "after rank 1 freed its memory");
+    T_OK(ema_barrier());
+    T_OK(ema_win_free(win));
+    T_OK(ema_win_free(ballast));
+skip:
+    T_OK(ema_barrier());
+}
+
+/* ------------------------------------------------------------------------ */
+
+static void test_window_used_before_every_rank_knows_it(void)
+{
+    void *wb;
+    ema_win_h win;
+    ema_mem_stat_t m;
+    ema_win_params_t wp = {.field_mask = EMA_WIN_PARAM_FIELD_MAX_SIZE, .max_size = 8 * SEG};
+    size_t size = 4 * SEG;
+
+    ema_test_begin("test_window_used_before_every_rank_knows_it");
+    T_OK(ema_win_allocate(ema_t_rank == 0 ? size : 0, &wp, &wb, &win));
+    if (ema_t_rank == 0) {
+        /* at once, while rank 2 may still be inside ema_win_allocate */
+        fill_own(wb, 0, size, 1);
+        T_OK(ema_win_shrink(win, 0));
+        T_OK(ema_mem_stat(&m));
+        T_OK(ema_reclaim(m.bytes_free, 1000)); /* keep own memory out of the grow */
+        T_OK(ema_win_grow(win, size));
+        fill_own(wb, 0, size, 2);
+        T_OK(ema_reclaim_release(m.bytes_free));
+        ema_win_stat_t ws;
+        T_OK(ema_win_stat(win, &ws));
+        T_EXPECT(ws.bytes_local == 0, "the regrown window is %zu bytes local", ws.bytes_local);
+    }
+    T_OK(ema_barrier());
+    if (ema_t_rank != 0) {
+        size_t bad = check_remote(win, 0, 0, size, 2);
+        T_EXPECT(bad == SIZE_MAX, "rank %d read a wrong word at %zu of a window rank 0 moved "
+                 "before rank %d knew it", ema_t_rank, bad, ema_t_rank);
+    }
+    T_OK(ema_barrier());
+    T_OK(ema_win_free(win));
+}
+
+/* ------------------------------------------------------------------------ */
+
+static void test_moves_racing_third_rank_reads_lose_no_byte(double secs)
+{
+    ema_mem_stat_t m;
+    void *bb;
+    ema_win_h ballast;
+    uint64_t reads = 0, bytes = 0, moves = 0, rounds = 0;
+    size_t wrong = 0;
+
+    ema_test_begin("test_moves_racing_third_rank_reads_lose_no_byte");
+    T_OK(ema_mem_stat(&m));
+    size_t nfree = m.bytes_free / SEG;
+    /* rank 0 keeps 4 segments of its own free: its windows live half away */
+    T_OK(ema_win_allocate(ema_t_rank == 0 && nfree > 4 ? (nfree - 4) * SEG : 0, NULL, &bb,
+                          &ballast));
+    double t_end = t_now() + secs;
+    uint64_t seed = 100;
+    for (;;) {
+        uint64_t go = (ema_t_rank == 0) ? (t_now() < t_end) : 0;
+        if (ema_t_rank == 0) {
+            own_store_u64(ctl, ctl_base, CTL_FLAG + 8, go);
+        }
+        T_OK(ema_barrier());
+        T_OK(ema_get(ctl, 0, CTL_FLAG + 8, &go, sizeof(go)));
+        T_OK(ema_barrier());
+        if (!go) {
+            break;
+        }
+        seed++;
+        rounds++;
+        size_t keep = 4 * SEG, full = 8 * SEG;
+        void *wb;
+        ema_win_h win;
+        ema_win_params_t wp = {.field_mask = EMA_WIN_PARAM_FIELD_MAX_SIZE, .max_size = full};
+        T_OK(ema_win_allocate(0, &wp, &wb, &win));
+        if (ema_t_rank == 0) {
+            T_OK(ema_win_grow(win, full)); /* 4 local, 4 borrowed */
+            fill_own(wb, 0, full, seed);
+        }
+        own_store_u64(ctl, ctl_base, CTL_FLAG, 0);
+        T_OK(ema_barrier());
+        double t_round = t_now() + 0.5;
+        uint64_t st = t_seed(seed, (uint64_t)ema_t_rank, 3);
+        if (ema_t_rank == 0) {
+            /* moves: shrink (the rest comes home), regrow (borrowed), prefetch */
+            while (t_now() < t_round) {
+                T_OK(ema_win_shrink(win, keep));
+                T_OK(ema_win_grow(win, full));
+                fill_own(wb, keep, full, seed);
+                T_OK(ema_win_prefetch(win, 0, full));
+                if (t_rand(&st) % 2) {
+                    T_OK(ema_win_shrink(ballast, 0));
+                    T_OK(ema_win_prefetch(win, 0, full));
+                    usleep(1000);
+                    ema_status_t s = ema_win_grow(ballast, (nfree > 4 ? nfree - 4 : 0) * SEG);
+                    T_EXPECT(s == EMA_SUCCESS || s == EMA_ERR_NO_MEMORY, "ballast regrow %d",
+                             (int)s);
+                }
+                moves++;
+            }
+            own_store_u64(ctl, ctl_base, CTL_FLAG, 1);
+        } else {
+            uint64_t stop = 0;
+            uint64_t *buf = t_malloc(keep);
+            while (!stop) {
+                if (ema_t_rank == 1) {
+                    /* the lender takes back what it can, then lends again */
+                    ema_mem_stat_t mm;
+                    T_OK(ema_mem_stat(&mm));
+                    ema_status_t s = ema_reclaim(mm.bytes_free + mm.bytes_lent, 200);
+                    T_EXPECT(s == EMA_SUCCESS || s == EMA_ERR_TIMEOUT || s == EMA_ERR_NO_MEMORY,
+                             "ema_reclaim returned %d", (int)s);
+                    T_OK(ema_mem_stat(&mm));
+                    if (mm.bytes_withheld > 0) {
+                        T_OK(ema_reclaim_release(mm.bytes_withheld));
+                    }
+                    usleep(2000);
+                }
+                /* every rank but 0 reads the kept range, every word checked */
+                size_t off = (size_t)(t_rand(&st) % (keep / 8)) * 8;
+                size_t len = 8 + (size_t)(t_rand(&st) % ((keep - off) / 8)) * 8;
+                if (t_rand(&st) % 4 == 0) {
+                    off = 0;
+                    len = keep;
+                }
+                T_OK(ema_get(win, 0, off, buf, len));
+                size_t bad = check_buf(buf, off, off + len, seed);
+                if (bad != SIZE_MAX) {
+                    if (wrong++ < 3) {
+                        T_EXPECT(0, "round %" PRIu64 ": rank %d read a wrong word at %zu",
+                                 rounds, ema_t_rank, bad);
+                    }
+                }
+                reads++;
+                bytes += len;
+                T_OK(ema_get(ctl, 0, CTL_FLAG, &stop, sizeof(stop)));
+            }
+            free(buf);
+        }
+        T_OK(ema_barrier());
+        if (ema_t_rank != 0) {
+            size_t bad = check_remote(win, 0, 0, keep, seed);
+            T_EXPECT(bad == SIZE_MAX, "round %" PRIu64 ": after the moves rank %d read a wrong "
+                     "word at %zu", rounds, ema_t_rank, bad);
+        } else {
+            size_t bad = check_buf(wb, 0, full, seed);
+            T_EXPECT(bad == SIZE_MAX, "round %" PRIu64 ": owner's word at %zu wrong", rounds,
+                     bad);
+        }
+        T_OK(ema_barrier());
+        T_OK(ema_win_free(win));
+    }
+    T_OK(ema_win_free(ballast));
+    T_OK(ema_mem_stat(&m));
+    printf("# rank %d: %" PRIu64 " rounds, %" PRIu64 " move loops, %" PRIu64 " bytes migrated, "
+           "%" PRIu64 " checked gets (%" PRIu64 " bytes), %zu wrong\n", ema_t_rank, rounds, moves,
+           m.bytes_migrated, reads, bytes, wrong);
+    fflush(stdout);
+}
+
+int main(int argc, char **argv)
+{
+    const char *mode = (argc > 1) ? argv[1] : "";
+
+    if (strcmp(mode, "init_retry") == 0) {
+        test_init_succeeds_after_many_failed_inits();
+        return ema_test_finish("test_regress init_retry");
+    }
+    if (strcmp(mode, "early") == 0) {
+        /* rank 2 is slow to make a new window known */
+        const char *r = getenv("OMPI_COMM_WORLD_RANK");
+        if (r == NULL || atoi(r) != 2) {
+            unsetenv("EMA_DEBUG_WIN_LINK_DELAY");
+        }
+    }
+    ema_test_init("test_regress");
+    ctl_setup();
+    if (strcmp(mode, "held_noprog") == 0) {
+        test_recall_of_held_segment_never_blocks_progress();
+    } else if (strcmp(mode, "order") == 0) {
+        test_lender_order_follows_current_lendable_memory();
+    } else if (strcmp(mode, "early") == 0) {
+        test_window_used_before_every_rank_knows_it();
+    } else if (strcmp(mode, "race") == 0) {
+        test_moves_racing_third_rank_reads_lose_no_byte(argc > 2 ? atof(argv[2]) : 20.0);
+    } else {
+        fprintf(stderr, "usage: %s init_retry|held_noprog|order|early|race\n", argv[0]);
+        return 2;
+    }
+    T_OK(ema_barrier());
+    T_OK(ema_win_free(ctl));
+    return ema_test_finish(mode);
+}

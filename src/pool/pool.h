@@ -1,9 +1,12 @@
 /*
- * The lending pool: what each rank can lend, borrowing and giving back
- * segments, reclaiming lent segments (explicitly, or implicitly when the
- * lender's own windows grow), and migrating a window's segments when their
- * memory is reclaimed or freed.  Control messages travel on EMA_AM_POOL and
- * are serviced by the progress engine.
+ * The lending pool: policy, not data.  What each rank can lend, which
+ * lender a borrower asks (topology, then lendable memory), borrowing and
+ * giving back segments, and reclaiming lent segments (explicitly, or
+ * implicitly when the lender's own windows grow).  The windows own their
+ * segments and move them (win/migrate.c); the pool is their memory
+ * provider (ema__win_mem_ops_t) and never takes a window's lock.  Control
+ * messages travel on EMA_AM_POOL (src/pool/msg.c has the diagram) and are
+ * serviced by the progress engine.
  */
 #ifndef EMA_POOL_H_
 #define EMA_POOL_H_
@@ -22,14 +25,6 @@ typedef struct ema__pool_config {
     int    stats;         /* print a summary at finalize */
     double reclaim_timeout; /* seconds, implicit reclaim */
 } ema__pool_config_t;
-
-/* Where ema__pool_acquire_segs may take memory from. */
-enum {
-    EMA_POOL_FROM_LOCAL = 1u << 0,
-    EMA_POOL_FROM_PEERS = 1u << 1,
-    EMA_POOL_FROM_SPILL = 1u << 2,
-    EMA_POOL_FROM_ANY   = 7u
-};
 
 extern const ema_config_field_t ema__pool_config_table[];
 
@@ -69,7 +64,6 @@ typedef struct ema__pool {
     atomic_uint        borrowed_segs;
     atomic_uint        spilled_segs;
     _Atomic uint64_t   reclaims;
-    _Atomic uint64_t   bytes_migrated;
     double             reclaim_last_us;
     double             reclaim_max_us;
 } ema__pool_t;
@@ -82,29 +76,6 @@ void         ema__pool_start(ema__pool_t *pool);
 void         ema__pool_cleanup(ema__pool_t *pool);
 void         ema__pool_print_stats(ema__pool_t *pool, FILE *stream);
 
-uint32_t     ema__pool_acquire_segs(ema__pool_t *pool, uint32_t want, int exclude,
-                                    unsigned sources, ema__loc_t *locs, int64_t *handles);
-void         ema__pool_release_loc(ema__pool_t *pool, ema__loc_t loc);
-/* The granted segments @locs are now in a window table (or released). */
-void         ema__pool_acq_done(ema__pool_t *pool, const ema__loc_t *locs, uint32_t n);
-void         ema__pool_giveback(ema__pool_t *pool, int lender, uint32_t count,
-                                const uint32_t *segs);
-/* The bytes of @win's own part that lenders asked back and that are still
- * there (ema_win_stat's bytes_wanted); forgets the segments wanted back
- * that have left the part.  Called with win->lock held. */
-size_t       ema__pool_wanted_bytes(ema_win_h win);
-/* Move segments @idx[0..n) of the own part of @win to @targets (with
- * @handles), or, if NULL, to memory found anywhere but at @exclude, as one
- * batch (@idx is sorted in place).  Called with win->lock held, never
- * dropped.  Segments held with ema_win_acquire stay where they are: a
- * migration never waits for the application. */
-ema_status_t ema__pool_migrate_batch(ema__pool_t *pool, ema_win_h win, uint32_t *idx,
-                                     uint32_t n, int exclude, const ema__loc_t *targets,
-                                     const int64_t *handles);
-/* The owner's reclaim callback @cb for the runs of @idx[0..n) (ascending),
- * called without win->lock. */
-void         ema__pool_notify(ema_win_h win, ema_reclaim_cb cb, void *cb_arg,
-                              const uint32_t *idx, uint32_t n);
 /* The owner released held segments (or shrank or freed a window): recalls
  * parked on held segments look again. */
 void         ema__pool_unpark(ema__pool_t *pool);

@@ -359,8 +359,8 @@ exchange:
     ema__xport_free_blobs(ctx->xp, blobs, lens);
     free(desc);
     free(segs);
-    if (ctx->changed_cb != NULL) {
-        ctx->changed_cb(ctx->changed_arg); /* less memory of ours is free */
+    if (ctx->mem_ops != NULL) {
+        ctx->mem_ops->changed(ctx->mem_arg, EMA_WIN_CHANGED_MEMORY); /* less of ours free */
     }
     *base_p = (max_size > 0) ? win->base : NULL;
     *win_p  = win;
@@ -390,8 +390,7 @@ err_unmap:
     return status;
 }
 
-ema_status_t ema__win_free(ema__win_ctx_t *ctx, ema_win_h win, ema__win_release_cb release,
-                           void *arg)
+ema_status_t ema__win_free(ema__win_ctx_t *ctx, ema_win_h win)
 {
     ema__win_part_t *own = &win->parts[ctx->rank];
     ema__mem_arena_t *arena = ctx->tier[EMA_TIER_DEVICE];
@@ -420,14 +419,18 @@ ema_status_t ema__win_free(ema__win_ctx_t *ctx, ema_win_h win, ema__win_release_
 
     uint32_t n = atomic_load(&own->nsegs);
     ema__win_seg_unmap(win, 0, n);
+    ema__loc_t *locs = malloc(sizeof(*locs) * (n ? n : 1));
     for (uint32_t i = 0; i < n; i++) {
         ema__loc_t loc = atomic_load(&own->loc[i]) & ~EMA_LOC_MOVING;
-        if (EMA_LOC_RANK(loc) == ctx->rank && EMA_LOC_TIER(loc) == EMA_TIER_DEVICE) {
-            uint32_t s = EMA_LOC_SEG(loc);
-            ema__seg_pool_free(&arena->pool, 1, &s);
-        } else {
-            release(arg, win, loc);
+        if (locs != NULL) {
+            locs[i] = loc;
+        } else { /* one at a time, without the batch */
+            ctx->mem_ops->release(ctx->mem_arg, &loc, 1);
         }
+    }
+    if (locs != NULL) {
+        ctx->mem_ops->release(ctx->mem_arg, locs, n); /* one give-back per lender */
+        free(locs);
     }
     if (win->base != NULL) {
         arena->ops->unreserve(arena, win->base, win->reserved);

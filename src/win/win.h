@@ -63,6 +63,41 @@ typedef struct ema__win_stats {
     uint32_t    nwanted, wanted_cap;
 } ema__win_stats_t;
 
+/* Where ema__win_mem_ops.acquire may take memory from. */
+enum {
+    EMA_WIN_FROM_LOCAL = 1u << 0, /* the own arena's free memory */
+    EMA_WIN_FROM_PEERS = 1u << 1, /* borrowed, in lender order */
+    EMA_WIN_FROM_SPILL = 1u << 2, /* the own host spill tier */
+    EMA_WIN_FROM_ANY   = 7u
+};
+
+/* What changed, for ema__win_mem_ops.changed. */
+enum {
+    EMA_WIN_CHANGED_MEMORY   = 1u << 0, /* the own memory in use (lendable memory) */
+    EMA_WIN_CHANGED_RELEASED = 1u << 1  /* held segments released, or dropped */
+};
+
+/*
+ * The memory provider of the windows (the pool implements it).  Every call
+ * may be made with a window's lock held, except reclaim_for_self, which
+ * waits on peers' migrations.
+ */
+typedef struct ema__win_mem_ops {
+    /* Find memory for @want segments from @sources, never at rank @exclude:
+     * fills @locs and @handles, returns how many were found. */
+    uint32_t (*acquire)(void *arg, uint32_t want, int exclude, unsigned sources,
+                        ema__loc_t *locs, int64_t *handles);
+    /* Give the memory behind @locs[0..n) back, wherever it is. */
+    void     (*release)(void *arg, const ema__loc_t *locs, uint32_t n);
+    /* The acquired @locs[0..n) are now in a window's table. */
+    void     (*mapped)(void *arg, const ema__loc_t *locs, uint32_t n);
+    /* Take back up to @need segments this rank lent (a grow's implicit
+     * reclaim); called without any window lock. */
+    void     (*reclaim_for_self)(void *arg, uint32_t need);
+    /* EMA_WIN_CHANGED_* bits: tell the peers, retry parked recalls. */
+    void     (*changed)(void *arg, unsigned what);
+} ema__win_mem_ops_t;
+
 /* The win layer's state, one per world. */
 typedef struct ema__win_ctx {
     ema__xport_t      *xp;
@@ -109,10 +144,11 @@ typedef struct ema__win_ctx {
     struct ema_win    *dead;      /* freed handles, kept until finalize so a
                                      stale handle is detected, not followed */
     uint32_t           next_id;
-    /* The own memory in use changed (a window was allocated): the pool
-     * tells the peers how much it can lend now. */
-    void             (*changed_cb)(void *arg);
-    void              *changed_arg;
+    /* Where segments come from and go back to: the lending pool, a layer
+     * above, registers it at init (ema__pool_init). */
+    const struct ema__win_mem_ops *mem_ops;
+    void              *mem_arg;
+    _Atomic uint64_t   bytes_migrated; /* moved by ema__win_move, all windows */
     unsigned           debug_link_delay_us; /* EMA_DEBUG_WIN_LINK_DELAY */
 } ema__win_ctx_t;
 
@@ -162,12 +198,9 @@ void         ema__win_ctx_cleanup(ema__win_ctx_t *ctx);
  * allocates nothing and makes the call fail on every rank with it. */
 ema_status_t ema__win_allocate(ema__win_ctx_t *ctx, ema_status_t arg, size_t size,
                                const ema_win_params_t *params, void **base_p, ema_win_h *win_p);
-/* Give back a segment that lives outside the own arena (borrowed or
- * spilled); called by ema__win_free for each. */
-typedef void (*ema__win_release_cb)(void *arg, ema_win_h win, ema__loc_t loc);
-/* Collective: flush, barrier, then unmap and release the own part. */
-ema_status_t ema__win_free(ema__win_ctx_t *ctx, ema_win_h win, ema__win_release_cb release,
-                           void *arg);
+/* Collective: flush, barrier, then unmap the own part and give its
+ * borrowed and spilled segments back (ctx->mem_ops). */
+ema_status_t ema__win_free(ema__win_ctx_t *ctx, ema_win_h win);
 ema_win_h    ema__win_find(ema__win_ctx_t *ctx, uint32_t id);
 
 /* Check a handle: EMA_ERR_INVALID_HANDLE for NULL, freed or foreign handles. */
@@ -218,6 +251,29 @@ ema_status_t ema__win_inval_local(ema__win_ctx_t *ctx, ema_win_h win, int part, 
 void         ema__win_apply_update(ema_win_h win, int part, uint64_t version, size_t size,
                                    uint32_t nsegs, uint32_t first, uint32_t count,
                                    const ema__loc_t *locs);
+
+/* --- moving segments (win/migrate.c) ------------------------------------ */
+
+/* Move segments @idx[0..n) of @win's own part to @targets (with @handles),
+ * or, if NULL, to memory found anywhere but at @exclude, as one batch
+ * (@idx is sorted in place).  Requires win->lock, which it never drops.
+ * Held segments (ema_win_acquire) stay where they are: a move never waits
+ * for the application.  EMA_ERR_NO_MEMORY: no memory for some of them. */
+ema_status_t ema__win_move(ema_win_h win, uint32_t *idx, uint32_t n, int exclude,
+                           const ema__loc_t *targets, const int64_t *handles);
+/* The owner's reclaim callback @cb for the runs of @idx[0..n) (ascending);
+ * called WITHOUT win->lock, so it may call any ema_win_* on the window. */
+void         ema__win_notify(ema_win_h win, ema_reclaim_cb cb, void *cb_arg,
+                             const uint32_t *idx, uint32_t n);
+/* A lender's recall of @segs[0..n) of rank @src, in every window (see
+ * win/migrate.c).  Takes each window's lock itself. */
+void         ema__win_recall(ema__win_ctx_t *ctx, int src, const uint32_t *segs, uint32_t n,
+                             int notified, uint8_t *found, uint8_t *held, uint32_t *refuse,
+                             uint32_t *nrefuse_p);
+/* The bytes of @win's own part that lenders asked back and that are still
+ * there (ema_win_stat's bytes_wanted); forgets the segments wanted back
+ * that have left the part.  Requires win->lock. */
+size_t       ema__win_wanted_bytes(ema_win_h win);
 
 /* --- coherence of cached tables (win/coherence.c) ------------------------ */
 

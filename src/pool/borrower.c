@@ -1,0 +1,446 @@
+/*
+ * The borrower's side of the protocol (msg.c has the diagram): the lender
+ * order, borrowing, giving back, and recalls.  It is also the windows'
+ * memory provider (ema__pool_mem_ops): the window asks it for memory and
+ * gives memory back through it, and decides nothing about lenders.
+ */
+#include "pool_priv.h"
+
+#include "topo/topo.h"
+#include "util/log.h"
+
+/* Segments granted by peers and not yet in a window table: a recall for
+ * one of them must wait until it is mapped. */
+static void ema_pool_acq_add(ema__pool_t *pool, const ema__loc_t *locs, uint32_t n)
+{
+    pthread_mutex_lock(&pool->acq_lock);
+    if (pool->nacq + n > pool->acq_cap) {
+        size_t cap = (pool->nacq + n) * 2;
+        ema__loc_t *a = realloc(pool->acq, cap * sizeof(*a));
+        if (a == NULL) {
+            pthread_mutex_unlock(&pool->acq_lock);
+            ema_error("out of memory tracking granted segments: a recall of them may "
+                      "wait for its timeout");
+            return;
+        }
+        pool->acq     = a;
+        pool->acq_cap = cap;
+    }
+    memcpy(pool->acq + pool->nacq, locs, n * sizeof(*locs));
+    pool->nacq += n;
+    pthread_mutex_unlock(&pool->acq_lock);
+}
+
+static void ema_pool_mapped(void *arg, const ema__loc_t *locs, uint32_t n)
+{
+    ema__pool_t *pool = arg;
+    pthread_mutex_lock(&pool->acq_lock);
+    for (uint32_t k = 0; k < n; k++) {
+        for (size_t i = 0; i < pool->nacq; i++) {
+            if (pool->acq[i] == locs[k]) {
+                pool->acq[i] = pool->acq[--pool->nacq];
+                break;
+            }
+        }
+    }
+    pthread_mutex_unlock(&pool->acq_lock);
+}
+
+static int ema_pool_acq_has(ema__pool_t *pool, ema__loc_t loc)
+{
+    int found = 0;
+    pthread_mutex_lock(&pool->acq_lock);
+    for (size_t i = 0; i < pool->nacq && !found; i++) {
+        found = (pool->acq[i] == loc);
+    }
+    pthread_mutex_unlock(&pool->acq_lock);
+    return found;
+}
+
+/* A GRANT: wake the borrower waiting for it (ema_pool_borrow_from). */
+void ema__pool_granted(ema__pool_t *pool, int src, const ema_pool_msg_t *mp,
+                       const char *payload, size_t plen)
+{
+    ema_pool_msg_t m = *mp;
+    ema_pool_waiter_t *w = (ema_pool_waiter_t *)(uintptr_t)m.token;
+    uint32_t k = m.count;
+    if (plen < (size_t)k * (sizeof(uint32_t) + sizeof(int64_t)) || k > w->want) {
+        ema_error("malformed grant from rank %d", src);
+        k = 0;
+    }
+    memcpy(w->segs, payload, (size_t)k * sizeof(uint32_t));
+    memcpy(w->handles, payload + (size_t)k * sizeof(uint32_t), (size_t)k * sizeof(int64_t));
+    w->count = k;
+    /* Tracked from the moment they are ours: a recall of one of them
+     * (sent after this grant) must find it, mapped or about to be. */
+    for (uint32_t i = 0; i < k; i++) {
+        ema__loc_t loc = EMA_LOC(src, EMA_TIER_DEVICE, w->segs[i]);
+        ema_pool_acq_add(pool, &loc, 1);
+        ema_trace("granted segment %u by rank %d", w->segs[i], src);
+    }
+    atomic_store(&pool->peer_lendable[src], m.left);
+    atomic_store(&w->done, 1);
+    }
+
+/* Ask @lender for up to @want segments; returns how many it granted. */
+static uint32_t ema_pool_borrow_from(ema__pool_t *pool, int lender, uint32_t want,
+                                     uint32_t *segs, int64_t *handles)
+{
+    ema_pool_waiter_t w;
+    ema_pool_msg_t m;
+
+    atomic_init(&w.done, 0);
+    w.want    = want;
+    w.count   = 0;
+    w.segs    = segs;
+    w.handles = handles;
+    memset(&m, 0, sizeof(m));
+    m.type  = EMA_POOL_MSG_BORROW;
+    m.count = want;
+    m.token = (uint64_t)(uintptr_t)&w;
+    if (ema__pool_send(pool, lender, &m, NULL, 0) != EMA_SUCCESS) {
+        return 0;
+    }
+    ema__win_wait_flag(pool->win, &w.done, 1);
+    return w.count;
+}
+
+static void ema_pool_giveback(ema__pool_t *pool, int lender, uint32_t count, const uint32_t *segs)
+{
+    for (uint32_t i = 0; i < count && ema__log_level >= EMA_LOG_TRACE; i++) {
+        ema_trace("giving back segment %u to rank %d", segs[i], lender);
+    }
+    ema_pool_msg_t m;
+    memset(&m, 0, sizeof(m));
+    m.type  = EMA_POOL_MSG_GIVEBACK;
+    m.count = count;
+    if (ema__pool_send(pool, lender, &m, segs, (size_t)count * sizeof(uint32_t)) != EMA_SUCCESS) {
+        ema_error("cannot give %u segments back to rank %d", count, lender);
+    }
+}
+
+/* Peers in the order to ask them for memory (never @exclude): the
+ * topology's order (a rank on the same GPU, then link bandwidth, then the
+ * most lendable memory last heard of, then NUMA distance); without a
+ * topology, the most lendable memory, then the nearest rank. */
+static int ema_pool_order(ema__pool_t *pool, int exclude, int *order)
+{
+    int n = 0;
+    if (pool->topo != NULL) {
+        size_t *lendable = malloc(sizeof(size_t) * (size_t)pool->size);
+        int *all = malloc(sizeof(int) * (size_t)pool->size);
+        if (lendable != NULL && all != NULL) {
+            for (int r = 0; r < pool->size; r++) {
+                lendable[r] = (size_t)atomic_load(&pool->peer_lendable[r]) * pool->win->seg_size;
+            }
+            ema__topo_lender_order(pool->topo, pool->gpu_of_rank, pool->numa_of_rank, lendable,
+                                   pool->size, pool->rank, all);
+            for (int i = 0; i < pool->size - 1; i++) {
+                if (all[i] != exclude) {
+                    order[n++] = all[i];
+                }
+            }
+        }
+        free(lendable);
+        free(all);
+        if (n > 0 || pool->size <= 1) {
+            return n;
+        }
+    }
+    for (int r = 0; r < pool->size; r++) {
+        if (r != pool->rank && r != exclude) {
+            order[n++] = r;
+        }
+    }
+    for (int i = 1; i < n; i++) { /* insertion sort: small worlds */
+        int r = order[i], j = i;
+        uint64_t lr = atomic_load(&pool->peer_lendable[r]);
+        int dr = abs(r - pool->rank);
+        while (j > 0) {
+            int q = order[j - 1];
+            uint64_t lq = atomic_load(&pool->peer_lendable[q]);
+            if (lq > lr || (lq == lr && abs(q - pool->rank) <= dr)) {
+                break;
+            }
+            order[j] = q;
+            j--;
+        }
+        order[j] = r;
+    }
+    return n;
+}
+
+/*
+ * Find memory for @want segments: the own arena (free, not withheld), then
+ * peers in lender order (never @exclude), then the spill tier.  Fills locs
+ * and handles; returns how many were found.
+ */
+static uint32_t ema_pool_acquire(void *arg, uint32_t want, int exclude, unsigned sources,
+                                 ema__loc_t *locs, int64_t *handles)
+{
+    ema__pool_t *pool = arg;
+    uint32_t got = 0, n;
+    uint32_t *segs = malloc(sizeof(uint32_t) * (want ? want : 1));
+    int *order = malloc(sizeof(int) * (size_t)(pool->size > 1 ? pool->size : 1));
+
+    if (segs == NULL || order == NULL) {
+        goto out;
+    }
+    /* 1. own free memory */
+    if (!(sources & EMA_WIN_FROM_LOCAL)) {
+        goto peers;
+    }
+    pthread_mutex_lock(&pool->lock);
+    uint32_t nfree = ema__seg_pool_nfree(&pool->arena->pool);
+    n = nfree > pool->withheld ? nfree - pool->withheld : 0;
+    n = n < want ? n : want;
+    if (n > 0 && ema__seg_pool_alloc(&pool->arena->pool, n, EMA_SEG_USED, segs) == EMA_SUCCESS) {
+        for (uint32_t i = 0; i < n; i++) {
+            locs[got]    = EMA_LOC(pool->rank, EMA_TIER_DEVICE, segs[i]);
+            handles[got] = pool->arena->ops->seg_handle(pool->arena, segs[i]);
+            got++;
+        }
+    }
+    pthread_mutex_unlock(&pool->lock);
+
+peers:
+    /* 2. peers, best first */
+    if (!(sources & EMA_WIN_FROM_PEERS)) {
+        goto spill;
+    }
+    int npeers = ema_pool_order(pool, exclude, order);
+    for (int i = 0; i < npeers && got < want; i++) {
+        n = ema_pool_borrow_from(pool, order[i], want - got, segs, handles + got);
+        for (uint32_t k = 0; k < n; k++) {
+            locs[got + k] = EMA_LOC(order[i], EMA_TIER_DEVICE, segs[k]);
+        }
+        got += n;
+        atomic_fetch_add(&pool->borrowed_segs, n);
+    }
+
+spill:
+    /* 3. the host spill tier */
+    if (got < want && pool->spill != NULL && (sources & EMA_WIN_FROM_SPILL)) {
+        n = ema__seg_pool_nfree(&pool->spill->pool);
+        n = n < want - got ? n : want - got;
+        if (n > 0 && ema__seg_pool_alloc(&pool->spill->pool, n, EMA_SEG_USED, segs) ==
+                         EMA_SUCCESS) {
+            for (uint32_t i = 0; i < n; i++) {
+                locs[got]    = EMA_LOC(pool->rank, EMA_TIER_SPILL, segs[i]);
+                handles[got] = pool->spill->ops->seg_handle(pool->spill, segs[i]);
+                got++;
+            }
+            atomic_fetch_add(&pool->spilled_segs, n);
+        }
+    }
+out:
+    free(segs);
+    free(order);
+    return got;
+}
+
+/* Give back the memory behind @loc, wherever it is. */
+static void ema_pool_release_loc(ema__pool_t *pool, ema__loc_t loc)
+{
+    uint32_t s = EMA_LOC_SEG(loc);
+    int r = EMA_LOC_RANK(loc);
+
+    ema_pool_mapped(pool, &loc, 1);
+    if (EMA_LOC_TIER(loc) == EMA_TIER_SPILL) {
+        ema__seg_pool_free(&pool->spill->pool, 1, &s);
+        atomic_fetch_sub(&pool->spilled_segs, 1);
+    } else if (r == pool->rank) {
+        pthread_mutex_lock(&pool->lock);
+        ema__seg_pool_free(&pool->arena->pool, 1, &s);
+        pthread_mutex_unlock(&pool->lock);
+    } else {
+        ema_pool_giveback(pool, r, 1, &s);
+        atomic_fetch_sub(&pool->borrowed_segs, 1);
+    }
+}
+
+/* Release the memory behind @old[0..n), batching the give-backs per lender. */
+static void ema_pool_release(void *arg, const ema__loc_t *old, uint32_t n)
+{
+    ema__pool_t *pool = arg;
+    /* granted but never mapped (a failed grow, an unused move target):
+     * no longer ours, so a recall must not wait for them to be mapped */
+    ema_pool_mapped(pool, old, n);
+    uint32_t *segs = malloc(sizeof(uint32_t) * (n ? n : 1));
+    uint8_t *done  = calloc(n ? n : 1, 1);
+
+    for (uint32_t i = 0; segs != NULL && done != NULL && i < n; i++) {
+        int r = EMA_LOC_RANK(old[i]);
+        if (done[i] || EMA_LOC_TIER(old[i]) != EMA_TIER_DEVICE || r == pool->rank) {
+            continue;
+        }
+        uint32_t k = 0;
+        for (uint32_t j = i; j < n; j++) {
+            if (!done[j] && EMA_LOC_TIER(old[j]) == EMA_TIER_DEVICE &&
+                EMA_LOC_RANK(old[j]) == r) {
+                segs[k++] = EMA_LOC_SEG(old[j]);
+                done[j]   = 1;
+            }
+        }
+        ema_pool_giveback(pool, r, k, segs);
+        atomic_fetch_sub(&pool->borrowed_segs, k);
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        if (done == NULL || !done[i]) {
+            ema_pool_release_loc(pool, old[i]);
+        }
+    }
+    free(segs);
+    free(done);
+}
+
+/* Implicit reclaim: take back up to @need segments this rank lent out and
+ * make them available to its own windows. */
+static void ema_pool_reclaim_for_self(void *arg, uint32_t need)
+{
+    ema__pool_t *pool = arg;
+    pthread_mutex_lock(&pool->lock);
+    uint32_t lent = pool->arena->pool.nlent;
+    pthread_mutex_unlock(&pool->lock);
+    uint32_t n = need < lent ? need : lent;
+    if (n == 0) {
+        return;
+    }
+    uint64_t timeout_ms = (uint64_t)(pool->cfg.reclaim_timeout * 1e3);
+    int withheld;
+    ema__pool_reclaim(pool, n, timeout_ms, &withheld);
+    if (!withheld) {
+        return;
+    }
+    pthread_mutex_lock(&pool->lock);
+    pool->withheld -= n; /* what came back is ours to use */
+    pthread_mutex_unlock(&pool->lock);
+}
+
+/* Park a recall whose segments are held with ema_win_acquire until the
+ * owner releases something (ema__pool_unpark), unless a release came since
+ * the job started (@gen): then it runs again at once. */
+static void ema_pool_park(ema__pool_t *pool, ema_pool_job_t *job, uint64_t gen)
+{
+    pthread_mutex_lock(&pool->lock);
+    if (atomic_load(&pool->release_gen) == gen) {
+        job->next    = pool->parked;
+        pool->parked = job;
+        job          = NULL;
+    }
+    pthread_mutex_unlock(&pool->lock);
+    if (job != NULL) {
+        ema__xport_defer(pool->xp, 0, ema__pool_recall_job, job);
+    }
+}
+
+void ema__pool_unpark(ema__pool_t *pool)
+{
+    atomic_fetch_add(&pool->release_gen, 1);
+    pthread_mutex_lock(&pool->lock);
+    ema_pool_job_t *job = pool->parked;
+    pool->parked = NULL;
+    pthread_mutex_unlock(&pool->lock);
+    while (job != NULL) {
+        ema_pool_job_t *next = job->next;
+        ema__xport_defer(pool->xp, 0, ema__pool_recall_job, job);
+        job = next;
+    }
+}
+
+/*
+ * A lender wants these segments back: in every window the owner hears of
+ * them, and the data moves elsewhere (win/migrate.c ema__win_recall),
+ * which gives them back.  Segments held with ema_win_acquire stay (the
+ * others move now); the job parks until the owner releases, then looks
+ * again.  So the job never waits for the application, and runs as well
+ * from the application's own ema_progress or ema_barrier.
+ */
+void ema__pool_recall_job(void *arg)
+{
+    ema_pool_job_t *job = arg;
+    ema__pool_t *pool   = job->pool;
+    uint64_t gen        = atomic_load(&pool->release_gen);
+    uint32_t n          = job->msg.count, retry = 0, nheld = 0, nrefuse = 0;
+    uint8_t *found      = calloc(n ? n : 1, 1);
+    uint8_t *held       = calloc(n ? n : 1, 1);
+    uint32_t *refuse    = calloc(n ? n : 1, sizeof(*refuse));
+    int granted         = 0;
+
+    if (found == NULL || held == NULL || refuse == NULL) {
+        ema_error("out of memory handling a recall from rank %d", job->src);
+        goto out;
+    }
+    /* Segments granted to us but not yet in a window table come back later.
+     * Look them up BEFORE scanning the windows: a grow stores a segment in
+     * its table, then drops it from the granted set, so a segment absent
+     * from the set now is either mapped (and the scan finds it) or given
+     * back.  Checked after the scan, a grow that mapped it in between would
+     * be missed, and the lender would wait out its whole timeout. */
+    for (uint32_t k = 0; k < n; k++) {
+        if (ema_pool_acq_has(pool, EMA_LOC(job->src, EMA_TIER_DEVICE, job->segs[k]))) {
+            found[k] = 2;
+        }
+    }
+    ema__win_recall(pool->win, job->src, job->segs, n, job->notified, found, held, refuse,
+                    &nrefuse);
+    for (uint32_t k = 0; k < n; k++) {
+        if (found[k] == 2 || held[k]) {
+            /* granted to a grow or a migration of ours that had not mapped
+             * it yet: look again once it has; held: after a release */
+            granted |= (found[k] == 2);
+            nheld += held[k];
+            job->segs[retry++] = job->segs[k];
+        } else if (!found[k]) {
+            /* not ours any more: given back already, or on its way */
+            ema_debug("recalled segment %u of rank %d is not mapped here", job->segs[k],
+                      job->src);
+        }
+    }
+    if (nheld > 0) {
+        ema_debug("recall from rank %d: %u segments held with ema_win_acquire move once "
+                  "released", job->src, nheld);
+    }
+
+    if (nrefuse > 0) {
+        ema_pool_msg_t m;
+        memset(&m, 0, sizeof(m));
+        m.type  = EMA_POOL_MSG_REFUSE;
+        m.count = nrefuse;
+        ema__pool_send(pool, job->src, &m, refuse, (size_t)nrefuse * sizeof(uint32_t));
+    }
+    ema__pool_advertise(pool); /* the data may have moved into our own memory */
+out:
+    free(found);
+    free(held);
+    free(refuse);
+    if (retry > 0) {
+        job->msg.count = retry;
+        job->notified  = 1; /* the owner heard of them once */
+        if (granted) {
+            ema__xport_defer(pool->xp, 0, ema__pool_recall_job, job);
+        } else {
+            ema_pool_park(pool, job, gen);
+        }
+        return;
+    }
+    free(job);
+}
+
+static void ema_pool_changed(void *arg, unsigned what)
+{
+    if (what & EMA_WIN_CHANGED_RELEASED) {
+        ema__pool_unpark(arg);
+    }
+    if (what & EMA_WIN_CHANGED_MEMORY) {
+        ema__pool_advertise(arg);
+    }
+}
+
+const ema__win_mem_ops_t ema__pool_mem_ops = {
+    .acquire          = ema_pool_acquire,
+    .release          = ema_pool_release,
+    .mapped           = ema_pool_mapped,
+    .reclaim_for_self = ema_pool_reclaim_for_self,
+    .changed          = ema_pool_changed,
+};

@@ -1,0 +1,240 @@
+/*
+ * The lender's side of the protocol (msg.c has the diagram): granting
+ * borrow requests, taking segments back, recalling them for a reclaim and
+ * waiting for their return.  Lender bookkeeping is under pool->lock.
+ */
+#include "pool_priv.h"
+
+#include "util/clock.h"
+#include "util/log.h"
+
+#include <time.h>
+
+uint32_t ema__pool_lendable_locked(ema__pool_t *pool)
+{
+    uint32_t nfree = ema__seg_pool_nfree(&pool->arena->pool);
+    uint32_t keep  = pool->reserve_segs + pool->withheld;
+    return nfree > keep ? nfree - keep : 0;
+}
+
+
+static void ema_pool_grant(ema__pool_t *pool, int src, const ema_pool_msg_t *req)
+{
+    uint32_t want = req->count, k;
+    ema_pool_msg_t m;
+
+    pthread_mutex_lock(&pool->lock);
+    k = ema__pool_lendable_locked(pool);
+    k = (k < want) ? k : want;
+    uint32_t *segs   = malloc(sizeof(uint32_t) * (k ? k : 1));
+    int64_t *handles = malloc(sizeof(int64_t) * (k ? k : 1));
+    if (segs == NULL || handles == NULL ||
+        ema__seg_pool_alloc(&pool->arena->pool, k, EMA_SEG_LENT, segs) != EMA_SUCCESS) {
+        k = 0;
+    }
+    for (uint32_t i = 0; i < k; i++) {
+        ema_trace("lending segment %u to rank %d", segs[i], src);
+        pool->lent_to[segs[i]]  = (int16_t)src;
+        pool->granting[segs[i]] = 1; /* not recalled before the grant is out */
+        handles[i] = pool->arena->ops->seg_handle(pool->arena, segs[i]);
+    }
+    uint64_t left = ema__pool_lendable_locked(pool);
+    pthread_mutex_unlock(&pool->lock);
+
+    memset(&m, 0, sizeof(m));
+    m.type  = EMA_POOL_MSG_GRANT;
+    m.count = k;
+    m.token = req->token;
+    m.left  = left;
+    size_t plen = (size_t)k * (sizeof(uint32_t) + sizeof(int64_t));
+    char *payload = malloc(plen ? plen : 1);
+    if (payload != NULL) {
+        memcpy(payload, segs, (size_t)k * sizeof(uint32_t));
+        memcpy(payload + (size_t)k * sizeof(uint32_t), handles, (size_t)k * sizeof(int64_t));
+    }
+    if (payload == NULL || ema__pool_send(pool, src, &m, payload, plen) != EMA_SUCCESS) {
+        ema_error("cannot answer a borrow request from rank %d", src);
+    }
+    pthread_mutex_lock(&pool->lock);
+    for (uint32_t i = 0; i < k; i++) {
+        pool->granting[segs[i]] = 0;
+    }
+    pthread_mutex_unlock(&pool->lock);
+    free(payload);
+    free(segs);
+    free(handles);
+}
+
+void ema__pool_take_back(ema__pool_t *pool, int src, uint32_t count, const uint32_t *segs)
+{
+    int recalled = 0;
+
+    pthread_mutex_lock(&pool->lock);
+    for (uint32_t i = 0; i < count; i++) {
+        uint32_t s = segs[i];
+        if (s >= pool->arena->pool.nsegs || pool->lent_to[s] != src) {
+            ema_error("rank %d gives back segment %u it does not hold", src, s);
+            continue;
+        }
+        pool->lent_to[s] = -1;
+        ema_trace("rank %d gave back segment %u%s", src, s,
+                  pool->recalling[s] ? " (recalled)" : "");
+        if (pool->recalling[s]) {
+            pool->recalling[s] = 0;
+            recalled++;
+        }
+        ema__seg_pool_free(&pool->arena->pool, 1, &s);
+    }
+    pthread_mutex_unlock(&pool->lock);
+    atomic_fetch_sub(&pool->recall_pending, recalled);
+}
+
+/* The borrower has nowhere to move these recalled segments (no free memory
+ * of its own, no lender, no spill tier): they stay lent, and the reclaim
+ * waiting for them ends now instead of at its timeout. */
+void ema__pool_refused(ema__pool_t *pool, int src, uint32_t count, const uint32_t *segs)
+{
+    int n = 0;
+
+    pthread_mutex_lock(&pool->lock);
+    for (uint32_t i = 0; i < count; i++) {
+        uint32_t s = segs[i];
+        if (s < pool->arena->pool.nsegs && pool->lent_to[s] == src && pool->recalling[s]) {
+            pool->recalling[s] = 0;
+            n++;
+        }
+    }
+    pthread_mutex_unlock(&pool->lock);
+    ema_debug("rank %d has nowhere to move %d recalled segments: they stay lent", src, n);
+    atomic_fetch_add(&pool->recall_refused, n);
+    atomic_fetch_sub(&pool->recall_pending, n);
+}
+
+/* A borrow request, answered outside the UCX callback (it sends). */
+void ema__pool_borrow_job(void *arg)
+{
+    ema_pool_job_t *job = arg;
+    ema_pool_grant(job->pool, job->src, &job->msg);
+    ema__pool_advertise(job->pool);
+    free(job);
+}
+
+/*
+ * Recall lent segments until @target of them are free and withheld (in
+ * addition to those withheld already); waits up to @timeout_ms.
+ */
+ema_status_t ema__pool_reclaim(ema__pool_t *pool, uint32_t target, uint64_t timeout_ms,
+                               int *withheld_p)
+{
+    double t0 = ema__now_us();
+    int refused0 = atomic_load(&pool->recall_refused);
+    uint32_t nsegs = pool->arena->pool.nsegs, sent = 0, idle = 0;
+    ema_status_t status = EMA_SUCCESS;
+    uint32_t *segs = malloc(sizeof(uint32_t) * (nsegs ? nsegs : 1));
+
+    *withheld_p = 0;
+    if (segs == NULL) {
+        return EMA_ERR_NO_MEMORY;
+    }
+    pthread_mutex_lock(&pool->lock);
+    /* free must cover what earlier calls withheld, even what a refused or
+     * timed-out recall left lent, and @target more */
+    uint32_t nfree = ema__seg_pool_nfree(&pool->arena->pool);
+    uint32_t want  = pool->withheld + target;
+    uint32_t have  = nfree > pool->withheld ? nfree - pool->withheld : 0;
+    uint32_t need  = want > nfree ? want - nfree : 0;
+    if (need > pool->arena->pool.nlent) {
+        pthread_mutex_unlock(&pool->lock);
+        free(segs);
+        ema_debug("reclaim of %u segments: %u free, %u lent, the rest backs own windows",
+                  target, have, pool->arena->pool.nlent);
+        return EMA_ERR_NO_MEMORY;
+    }
+    pool->withheld += target; /* stop lending them now */
+    *withheld_p = 1;
+    pthread_mutex_unlock(&pool->lock);
+
+    /* Recall lent segments, grouped by borrower; one whose grant is still
+     * being sent is recalled on a later pass, so the recall cannot overtake
+     * the grant.  Then wait for the give-backs. */
+    while (sent < need || atomic_load(&pool->recall_pending) > 0) {
+        for (int b = 0; b < pool->size && sent < need; b++) {
+            uint32_t n = 0;
+            pthread_mutex_lock(&pool->lock);
+            for (uint32_t s = 0; s < nsegs && sent + n < need; s++) {
+                if (pool->lent_to[s] == b && !pool->recalling[s] && !pool->granting[s]) {
+                    ema_trace("recalling segment %u from rank %d", s, b);
+                    pool->recalling[s] = 1;
+                    segs[n++] = s;
+                }
+            }
+            if (n > 0) {
+                atomic_fetch_add(&pool->recall_pending, (int)n);
+            }
+            pthread_mutex_unlock(&pool->lock);
+            if (n == 0) {
+                continue;
+            }
+            ema_pool_msg_t m;
+            memset(&m, 0, sizeof(m));
+            m.type  = EMA_POOL_MSG_RECALL;
+            m.count = n;
+            ema__pool_send(pool, b, &m, segs, (size_t)n * sizeof(uint32_t));
+            sent += n;
+        }
+        if (timeout_ms != EMA_TIMEOUT_INFINITE &&
+            ema__now_us() - t0 > (double)timeout_ms * 1e3) {
+            status = EMA_ERR_TIMEOUT;
+            if (ema__log_level >= EMA_LOG_DEBUG) {
+                pthread_mutex_lock(&pool->lock);
+                for (uint32_t s = 0; s < nsegs; s++) {
+                    if (pool->recalling[s]) {
+                        ema_debug("reclaim timed out: segment %u still with rank %d", s,
+                                  pool->lent_to[s]);
+                    }
+                }
+                pthread_mutex_unlock(&pool->lock);
+            }
+            break;
+        }
+        if (sent >= need && atomic_load(&pool->recall_pending) == 0) {
+            break;
+        }
+        if (ema__xport_progress(pool->xp) + ema__xport_run_deferred(pool->xp, 1) == 0) {
+            /* A reclaim waits for copies that take milliseconds: leave the
+             * CPU to the borrowers doing them (the machine may have fewer
+             * cores than threads) after a short spin. */
+            if (++idle > 256) {
+                struct timespec ts = {0, 20000};
+                nanosleep(&ts, NULL);
+            }
+        } else {
+            idle = 0;
+        }
+        if (sent < need) {
+            /* segments given back meanwhile count too */
+            pthread_mutex_lock(&pool->lock);
+            nfree = ema__seg_pool_nfree(&pool->arena->pool);
+            pthread_mutex_unlock(&pool->lock);
+            if (nfree >= pool->withheld && atomic_load(&pool->recall_pending) == 0) {
+                break;
+            }
+        }
+    }
+    free(segs);
+    int refused = atomic_load(&pool->recall_refused) - refused0;
+    if (status == EMA_SUCCESS && refused > 0) {
+        ema_debug("reclaim: borrowers had nowhere to move %d segments", refused);
+        status = EMA_ERR_NO_MEMORY;
+    }
+    double us = ema__now_us() - t0;
+    if (sent > 0) {
+        atomic_fetch_add(&pool->reclaims, 1);
+        pool->reclaim_last_us = us;
+        if (us > pool->reclaim_max_us) {
+            pool->reclaim_max_us = us;
+        }
+    }
+    return status;
+}
+

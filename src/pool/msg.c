@@ -1,0 +1,117 @@
+/*
+ * The lending protocol (active messages on EMA_AM_POOL): its messages, and
+ * the one point where they arrive.
+ *
+ * Borrow (B grows a window past its free memory; L is the next lender in
+ * B's lender order):
+ *   B --BORROW(n, tok)--> L   L takes up to n free, prefaulted, lendable
+ *                             segments, marks them lent to B
+ *   B <--GRANT(k, segs, handles, left)-- L
+ *   B maps each segment into its window and publishes the new table
+ *
+ * Give back (B shrinks, frees a window, or moved the data elsewhere):
+ *   B --GIVEBACK(segs)--> L   L marks them free
+ *
+ * Reclaim (L wants its memory: ema_reclaim, or its own window grows;
+ * lender.c ema__pool_reclaim):
+ *   L --RECALL(segs)--> B     B's recall job (borrower.c), per window
+ *                             (win/migrate.c ema__win_recall):
+ *                             1. the window's reclaim callback hears of the
+ *                                ranges (once per recall, no lock held)
+ *                             2. new memory: its own free memory, else
+ *                                another lender (BORROW/GRANT), else its
+ *                                spill tier
+ *                             3. ema__win_move: segments held with
+ *                                ema_win_acquire stay; the others are
+ *                                invalidated on every rank (coherence.c),
+ *                                copied, mapped at the same address, and
+ *                                published
+ *   L <--GIVEBACK(segs)-- B   for what moved (the move releases it)
+ *   L <--REFUSE(segs)---- B   for what had nowhere to go: L stops waiting
+ *                             (EMA_ERR_NO_MEMORY); B's ema_win_stat counts
+ *                             it as bytes_wanted
+ *                             held segments: the job parks until the owner
+ *                             releases (ema_win_release, shrink, free),
+ *                             then runs again from step 2
+ *   L waits for every GIVEBACK or REFUSE, or for its timeout.
+ *
+ * Advertise (whenever a rank's lendable memory changes, pool.c):
+ *   X --ADVERT(left)--> every peer   the peers' lender order uses it
+ */
+#include "pool_priv.h"
+
+#include "util/log.h"
+
+ema_status_t ema__pool_send(ema__pool_t *pool, int peer, const ema_pool_msg_t *m,
+                            const void *payload, size_t plen)
+{
+    return ema__xport_am_send(pool->xp, peer, EMA_AM_POOL, m, sizeof(*m), payload, plen);
+}
+
+void ema__pool_dispatch(void *arg, int src, const void *data, size_t len)
+{
+    ema__pool_t *pool = arg;
+    ema_pool_msg_t m;
+
+    if (src < 0 || src >= pool->size || src == pool->rank) {
+        ema_error("pool message from rank %d, not a peer: dropped", src);
+        return;
+    }
+    if (len < sizeof(m)) {
+        ema_error("short pool message from rank %d", src);
+        return;
+    }
+    memcpy(&m, data, sizeof(m));
+    const char *payload = (const char *)data + sizeof(m);
+    size_t plen = len - sizeof(m);
+
+    switch (m.type) {
+    case EMA_POOL_MSG_GRANT:
+        ema__pool_granted(pool, src, &m, payload, plen);
+        break;
+    case EMA_POOL_MSG_GIVEBACK:
+        if (plen >= (size_t)m.count * sizeof(uint32_t)) {
+            ema__pool_take_back(pool, src, m.count, (const uint32_t *)payload);
+            ema__xport_defer(pool->xp, 1, ema__pool_advertise_job, pool); /* no send here */
+        }
+        break;
+    case EMA_POOL_MSG_ADVERT:
+        atomic_store(&pool->peer_lendable[src], m.left);
+        break;
+    case EMA_POOL_MSG_REFUSE:
+        if (plen >= (size_t)m.count * sizeof(uint32_t)) {
+            ema__pool_refused(pool, src, m.count, (const uint32_t *)payload);
+        }
+        break;
+    case EMA_POOL_MSG_BORROW:
+    case EMA_POOL_MSG_RECALL: {
+        /* Both send messages: not from inside a UCX callback.  A borrow is a
+         * quick job; a recall migrates data and waits on peers: a long one. */
+        size_t n = (m.type == EMA_POOL_MSG_RECALL) ? m.count : 0;
+        if (plen < n * sizeof(uint32_t)) {
+            ema_error("malformed pool message from rank %d", src);
+            return;
+        }
+        ema_pool_job_t *job = malloc(sizeof(*job) + n * sizeof(uint32_t));
+        if (job == NULL) {
+            ema_error("out of memory handling a pool message from rank %d", src);
+            return;
+        }
+        job->pool     = pool;
+        job->next     = NULL;
+        job->src      = src;
+        job->notified = 0;
+        job->msg      = m;
+        memcpy(job->segs, payload, n * sizeof(uint32_t));
+        if (m.type == EMA_POOL_MSG_BORROW) {
+            ema__xport_defer(pool->xp, 1, ema__pool_borrow_job, job);
+        } else {
+            ema__xport_defer(pool->xp, 0, ema__pool_recall_job, job);
+        }
+        break;
+    }
+    default:
+        ema_error("unknown pool message %u from rank %d", m.type, src);
+    }
+}
+

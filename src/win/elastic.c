@@ -1,0 +1,400 @@
+/*
+ * The public window calls past allocation: grow, shrink, free, acquire and
+ * release, the reclaim callback, prefetch and statistics.  The window owns
+ * its segments; the memory for them comes from, and goes back to, the
+ * memory provider that the pool registers (ctx->mem_ops): win never decides
+ * who lends.
+ */
+#include "win.h"
+
+#include "util/log.h"
+#include "util/state.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+EMA_EXPORT ema_status_t ema_win_free(ema_win_h win)
+{
+    ema_status_t status = ema__win_check_live(win);
+    if (status != EMA_SUCCESS) {
+        return status;
+    }
+    ema__win_ctx_t *ctx = win->ctx;
+    /* A queued prefetch uses the window: let it run (here too, in case
+     * there is no progress thread) before the window goes. */
+    while (atomic_load(&win->prefetching) > 0) {
+        ema__xport_wait_step_long(ctx->xp);
+    }
+    status = ema__win_free(ctx, win);
+    if (status == EMA_SUCCESS) {
+        /* recalls of its segments end; our memory is free again */
+        ctx->mem_ops->changed(ctx->mem_arg, EMA_WIN_CHANGED_RELEASED | EMA_WIN_CHANGED_MEMORY);
+    }
+    return status;
+}
+
+EMA_EXPORT ema_status_t ema_win_grow(ema_win_h win, size_t new_size)
+{
+    ema_status_t status = ema__win_check_live(win);
+    if (status != EMA_SUCCESS) {
+        return status;
+    }
+    ema__win_ctx_t *ctx   = win->ctx;
+    ema__win_part_t *part = &win->parts[ctx->rank];
+    size_t seg = ctx->seg_size;
+    if (new_size > win->reserved || new_size < atomic_load(&part->size)) {
+        return EMA_ERR_INVALID_PARAM;
+    }
+
+    /* Find the memory first, without holding the window: reclaiming and
+     * borrowing wait on peers, whose migrations may need this window. */
+    uint32_t cur  = atomic_load(&part->nsegs);
+    uint32_t want = (uint32_t)((new_size + seg - 1) / seg) - cur;
+    ema__loc_t *locs = calloc(want ? want : 1, sizeof(*locs));
+    int64_t *handles = calloc(want ? want : 1, sizeof(*handles));
+    uint32_t got = 0;
+    if (locs == NULL || handles == NULL) {
+        status = EMA_ERR_NO_MEMORY;
+        goto out;
+    }
+    got = ctx->mem_ops->acquire(ctx->mem_arg, want, -1, EMA_WIN_FROM_LOCAL, locs, handles);
+    if (got < want) {
+        /* the memory this rank lent comes back first (implicit reclaim) */
+        ctx->mem_ops->reclaim_for_self(ctx->mem_arg, want - got);
+        got += ctx->mem_ops->acquire(ctx->mem_arg, want - got, -1, EMA_WIN_FROM_ANY,
+                                     locs + got, handles + got);
+    }
+    if (got < want) {
+        ema_debug("grow of window %u to %zu bytes: found %u of %u segments", win->id,
+                  new_size, got, want);
+        status = EMA_ERR_NO_MEMORY;
+        goto err_release;
+    }
+
+    pthread_mutex_lock(&win->lock);
+    if (atomic_load(&part->nsegs) != cur) {
+        /* another thread grew or shrank meanwhile: calls on one window's
+         * size must not race (ema(7)) */
+        pthread_mutex_unlock(&win->lock);
+        status = EMA_ERR_STATE;
+        goto err_release;
+    }
+    for (uint32_t i = 0; i < want; i++) {
+        status = ema__win_seg_map(win, cur + i, locs[i], handles[i]);
+        if (status != EMA_SUCCESS) {
+            ema__win_seg_unmap(win, cur, i);
+            pthread_mutex_unlock(&win->lock);
+            goto err_release;
+        }
+        atomic_store(&part->loc[cur + i], locs[i]);
+    }
+    atomic_store(&part->nsegs, cur + want);
+    atomic_store(&part->size, new_size);
+    ctx->mem_ops->mapped(ctx->mem_arg, locs, want);
+    status = ema__win_publish(win, cur, want);
+    pthread_mutex_unlock(&win->lock);
+    goto out;
+
+err_release:
+    ctx->mem_ops->release(ctx->mem_arg, locs, got);
+out:
+    free(locs);
+    free(handles);
+    ctx->mem_ops->changed(ctx->mem_arg, EMA_WIN_CHANGED_MEMORY);
+    return status;
+}
+
+/* Segments of [first, last] of the own part that are not at home: spilled
+ * ones first, then borrowed ones, held ones left out.  Called with
+ * win->lock held; returns how many, in @idx. */
+static uint32_t ema_win_away(ema_win_h win, uint32_t first, uint32_t last, uint32_t *idx)
+{
+    ema__win_part_t *part = &win->parts[win->ctx->rank];
+    uint32_t n = 0;
+
+    for (int pass = 0; pass < 2; pass++) {
+        for (uint32_t i = first; i <= last; i++) {
+            ema__loc_t l = atomic_load(&part->loc[i]) & ~EMA_LOC_MOVING;
+            int spilled  = EMA_LOC_TIER(l) == EMA_TIER_SPILL;
+            int borrowed = !spilled && EMA_LOC_RANK(l) != win->ctx->rank;
+            if ((pass == 0 ? spilled : borrowed) && atomic_load(&win->held[i]) == 0) {
+                idx[n++] = i;
+            }
+        }
+    }
+    return n;
+}
+
+static int ema_win_cmp_idx(const void *a, const void *b)
+{
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    return (x > y) - (x < y);
+}
+
+/*
+ * Bring segments [first, last] of the own part home, into free local
+ * memory, as one migration batch: spilled ones first, then borrowed ones,
+ * as far as there is room (nothing is reclaimed or evicted for it).
+ * Segments held with ema_win_acquire stay where they are.  The owner's
+ * reclaim callback hears of the ranges first, without the window's lock.
+ * Used by shrink and prefetch; takes win->lock itself.
+ */
+static void ema_win_bring_home(ema_win_h win, uint32_t first, uint32_t last)
+{
+    ema__win_ctx_t *ctx   = win->ctx;
+    ema__win_part_t *part = &win->parts[ctx->rank];
+    uint32_t *idx = NULL, n = 0;
+    ema__loc_t *locs = NULL;
+    int64_t *hdls = NULL;
+
+    pthread_mutex_lock(&win->lock);
+    uint32_t ns = atomic_load(&part->nsegs);
+    if (ns == 0 || first >= ns) {
+        pthread_mutex_unlock(&win->lock);
+        return;
+    }
+    last = (last < ns) ? last : ns - 1;
+    uint32_t want = last - first + 1;
+    idx  = calloc(want, sizeof(*idx));
+    locs = calloc(want, sizeof(*locs));
+    hdls = calloc(want, sizeof(*hdls));
+    if (idx == NULL || locs == NULL || hdls == NULL) {
+        pthread_mutex_unlock(&win->lock);
+        goto out;
+    }
+    ema_reclaim_cb cb = win->reclaim_cb;
+    void *cb_arg      = win->reclaim_arg;
+    uint32_t nfree    = ema__seg_pool_nfree(&ctx->tier[EMA_TIER_DEVICE]->pool);
+    n = ema_win_away(win, first, last, idx);
+    pthread_mutex_unlock(&win->lock);
+    if (n == 0) {
+        goto out;
+    }
+    if (cb != NULL) {
+        /* those that may move: the first that fit in free memory */
+        uint32_t m = (n < nfree) ? n : nfree;
+        memcpy(locs, idx, m * sizeof(*idx)); /* as scratch: sorted for the runs */
+        qsort(locs, m, sizeof(*idx), ema_win_cmp_idx);
+        ema__win_notify(win, cb, cb_arg, (const uint32_t *)locs, m);
+    }
+
+    pthread_mutex_lock(&win->lock);
+    ns = atomic_load(&part->nsegs);
+    n  = (first < ns) ? ema_win_away(win, first, (last < ns) ? last : ns - 1, idx) : 0;
+    if (n > 0) {
+        /* the first got of the list (spilled first) move */
+        uint32_t got = ctx->mem_ops->acquire(ctx->mem_arg, n, -1, EMA_WIN_FROM_LOCAL, locs, hdls);
+        if (got > 0) {
+            ema_debug("window %u: %u of %u segments home", win->id, got, n);
+            ema__win_move(win, idx, got, -1, locs, hdls);
+        }
+    }
+    pthread_mutex_unlock(&win->lock);
+out:
+    free(idx);
+    free(locs);
+    free(hdls);
+}
+
+EMA_EXPORT ema_status_t ema_win_shrink(ema_win_h win, size_t new_size)
+{
+    ema_status_t status = ema__win_check_live(win);
+    if (status != EMA_SUCCESS) {
+        return status;
+    }
+    ema__win_ctx_t *ctx   = win->ctx;
+    ema__win_part_t *part = &win->parts[ctx->rank];
+    size_t seg = ctx->seg_size;
+    if (new_size > atomic_load(&part->size)) {
+        return EMA_ERR_INVALID_PARAM;
+    }
+
+    pthread_mutex_lock(&win->lock);
+    uint32_t cur  = atomic_load(&part->nsegs);
+    uint32_t keep = (uint32_t)((new_size + seg - 1) / seg);
+    uint32_t drop = cur - keep;
+    ema__loc_t *old = calloc(drop ? drop : 1, sizeof(*old));
+    if (old == NULL) {
+        pthread_mutex_unlock(&win->lock);
+        return EMA_ERR_NO_MEMORY;
+    }
+    if (drop > 0) {
+        /* nobody may use the dropped segments any more */
+        status = ema__win_invalidate(win, keep, drop);
+        if (status != EMA_SUCCESS) {
+            pthread_mutex_unlock(&win->lock);
+            free(old);
+            return status;
+        }
+        for (uint32_t i = 0; i < drop; i++) {
+            old[i] = atomic_load(&part->loc[keep + i]) & ~EMA_LOC_MOVING;
+        }
+        ema__win_seg_unmap(win, keep, drop);
+    }
+    atomic_store(&part->size, new_size);
+    atomic_store(&part->nsegs, keep);
+    status = ema__win_publish(win, keep, 0);
+    ema__win_wanted_bytes(win); /* forgets the wanted segments dropped */
+    pthread_mutex_unlock(&win->lock);
+    ctx->mem_ops->release(ctx->mem_arg, old, drop);
+    free(old);
+
+    /* What stays should live locally where there is room */
+    if (status == EMA_SUCCESS && keep > 0) {
+        ema_win_bring_home(win, 0, keep - 1);
+    }
+    /* recalls of dropped segments end; our memory use changed */
+    ctx->mem_ops->changed(ctx->mem_arg, EMA_WIN_CHANGED_RELEASED | EMA_WIN_CHANGED_MEMORY);
+    return status;
+}
+
+EMA_EXPORT ema_status_t ema_win_set_reclaim_cb(ema_win_h win, ema_reclaim_cb cb, void *arg)
+{
+    ema_status_t status = ema__win_check_live(win);
+    if (status != EMA_SUCCESS) {
+        return status;
+    }
+    pthread_mutex_lock(&win->lock); /* migrations read it under the lock */
+    win->reclaim_cb  = cb;
+    win->reclaim_arg = cb ? arg : NULL;
+    pthread_mutex_unlock(&win->lock);
+    return EMA_SUCCESS;
+}
+
+static ema_status_t ema_win_hold(ema_win_h win, size_t offset, size_t len, int delta)
+{
+    ema_status_t status = ema__win_check_live(win);
+    if (status != EMA_SUCCESS) {
+        return status;
+    }
+    ema__win_part_t *part = &win->parts[win->ctx->rank];
+    size_t seg = win->ctx->seg_size, size = atomic_load(&part->size);
+    if (len == 0) {
+        return EMA_ERR_INVALID_PARAM;
+    }
+    if (offset > size || len > size - offset) {
+        return EMA_ERR_RANGE;
+    }
+    uint32_t first = (uint32_t)(offset / seg), last = (uint32_t)((offset + len - 1) / seg);
+    if (delta < 0) {
+        for (uint32_t i = first; i <= last; i++) {
+            if (atomic_load(&win->held[i]) <= 0) {
+                return EMA_ERR_INVALID_PARAM; /* not acquired: change nothing */
+            }
+        }
+    }
+    for (uint32_t i = first; i <= last; i++) {
+        atomic_fetch_add(&win->held[i], delta);
+        /* A segment already being moved is not ours to hold until the move
+         * is over; the mover re-checks held after marking it (seq_cst on
+         * both sides), so one of the two always sees the other. */
+        while (delta > 0 && (atomic_load(&part->loc[i]) & EMA_LOC_MOVING)) {
+            atomic_fetch_sub(&win->held[i], 1);
+            while (atomic_load(&part->loc[i]) & EMA_LOC_MOVING) {
+                ema__xport_wait_step(win->ctx->xp);
+            }
+            atomic_fetch_add(&win->held[i], 1);
+        }
+    }
+    return EMA_SUCCESS;
+}
+
+EMA_EXPORT ema_status_t ema_win_acquire(ema_win_h win, size_t offset, size_t len)
+{
+    return ema_win_hold(win, offset, len, 1);
+}
+
+EMA_EXPORT ema_status_t ema_win_release(ema_win_h win, size_t offset, size_t len)
+{
+    ema_status_t status = ema_win_hold(win, offset, len, -1);
+    if (status == EMA_SUCCESS) {
+        /* recalls waiting for the range look again */
+        win->ctx->mem_ops->changed(win->ctx->mem_arg, EMA_WIN_CHANGED_RELEASED);
+    }
+    return status;
+}
+
+/* --- prefetch -------------------------------------------------------------- */
+
+typedef struct {
+    ema_win_h    win;
+    uint32_t     first, last; /* segments of the own part */
+} ema_win_prefetch_t;
+
+/* On the progress engine; held segments are skipped, not waited for: a
+ * hint must not stall the engine behind the application. */
+static void ema_win_prefetch_job(void *arg)
+{
+    ema_win_prefetch_t *job = arg;
+    ema__win_ctx_t *ctx     = job->win->ctx;
+
+    ema_win_bring_home(job->win, job->first, job->last);
+    ctx->mem_ops->changed(ctx->mem_arg, EMA_WIN_CHANGED_MEMORY);
+    atomic_fetch_sub(&job->win->prefetching, 1);
+    free(job);
+}
+
+EMA_EXPORT ema_status_t ema_win_prefetch(ema_win_h win, size_t offset, size_t len)
+{
+    ema_status_t status = ema__win_check_live(win);
+    if (status != EMA_SUCCESS) {
+        return status;
+    }
+    ema__win_part_t *part = &win->parts[win->ctx->rank];
+    size_t seg = win->ctx->seg_size, size = atomic_load(&part->size);
+    if (offset > size || len > size - offset) {
+        return EMA_ERR_RANGE;
+    }
+    if (len == 0) {
+        return EMA_SUCCESS;
+    }
+    ema_win_prefetch_t *job = malloc(sizeof(*job));
+    if (job == NULL) {
+        return EMA_ERR_NO_MEMORY;
+    }
+    job->win   = win;
+    job->first = (uint32_t)(offset / seg);
+    job->last  = (uint32_t)((offset + len - 1) / seg);
+    atomic_fetch_add(&win->prefetching, 1);
+    ema__xport_defer(win->ctx->xp, 0, ema_win_prefetch_job, job);
+    return EMA_SUCCESS;
+}
+
+EMA_EXPORT ema_status_t ema_win_stat(ema_win_h win, ema_win_stat_t *stat_p)
+{
+    ema_status_t status = ema__win_check_live(win);
+    if (status != EMA_SUCCESS) {
+        return status;
+    }
+    if (stat_p == NULL) {
+        return EMA_ERR_INVALID_PARAM;
+    }
+    ema__win_ctx_t *ctx   = win->ctx;
+    ema__win_part_t *part = &win->parts[ctx->rank];
+    ema_win_stat_t st;
+    memset(&st, 0, sizeof(st));
+    pthread_mutex_lock(&win->lock);
+    uint32_t n = atomic_load(&part->nsegs);
+    st.size     = atomic_load(&part->size);
+    st.max_size = win->reserved;
+    for (uint32_t i = 0; i < n; i++) {
+        ema__loc_t l = atomic_load(&part->loc[i]);
+        size_t bytes = ctx->seg_size;
+        if (i == n - 1 && st.size % ctx->seg_size) {
+            bytes = st.size % ctx->seg_size; /* the part's bytes, not the segment's */
+        }
+        if (EMA_LOC_TIER(l) == EMA_TIER_SPILL) {
+            st.bytes_spilled += bytes;
+        } else if (EMA_LOC_RANK(l) == ctx->rank) {
+            st.bytes_local += bytes;
+        } else {
+            st.bytes_borrowed += bytes;
+        }
+    }
+    st.migrations = win->stats.migrations;
+    st.bytes_wanted = ema__win_wanted_bytes(win);
+    pthread_mutex_unlock(&win->lock);
+    *stat_p = st;
+    return EMA_SUCCESS;
+}
+

@@ -1,0 +1,421 @@
+/*
+ * Moving a window's segments: the one primitive behind every migration (a
+ * lender's recall, a shrink's or a prefetch's move home), for both memory
+ * kinds, and what the owner hears of it.
+ *
+ *   owner B (under win->lock, never dropped)          every other rank
+ *   1. skip segments held with ema_win_acquire (they stay; ema(7) MIGRATION)
+ *   2. INVAL (coherence.c) ----------------------------> mark MOVING, drain
+ *      <----------------------------------------------- ACK
+ *   3. copy: host, CPU copy between this rank's mappings of both places,
+ *      then one MAP_FIXED per run; cuda, ema__win_seg_move_batch
+ *      (segment_table.c): copies queued on the copy engines, each piece
+ *      remapped as its copy completes
+ *   4. UPDATE (publish) ---------------------------------> new locations
+ *   5. the old memory goes back through the memory provider (the pool:
+ *      GIVEBACK to lenders, or freed)
+ *
+ * The memory comes from, and goes back to, ctx->mem_ops: the lending pool
+ * (a layer above) registers it, so win decides nothing about who lends.
+ */
+#include "win.h"
+
+#include "util/clock.h"
+#include "util/log.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* Remap a batch of window segments to their new memory, one mmap per run
+ * contiguous on both sides; ok counts the segments remapped, from the
+ * first. */
+typedef struct {
+    ema_win_h         win;
+    const uint32_t   *idx;
+    const ema__loc_t *loc;
+    const int64_t    *hdl;
+    uint32_t          n;
+    uint32_t          ok;
+    ema_status_t      status;
+} ema_win_remap_t;
+
+static void ema_win_remap_main(ema_win_remap_t *rm)
+{
+    for (uint32_t i = 0; i < rm->n;) {
+        uint32_t j = i + 1;
+        while (j < rm->n && rm->idx[j] == rm->idx[j - 1] + 1 &&
+               rm->loc[j] == rm->loc[j - 1] + 1 && rm->hdl[j] == rm->hdl[i]) {
+            j++;
+        }
+        rm->status = ema__win_seg_map_many(rm->win, rm->idx[i], rm->loc[i], j - i, rm->hdl[i]);
+        if (rm->status != EMA_SUCCESS) {
+            break;
+        }
+        rm->ok += j - i;
+        i = j;
+    }
+}
+
+/* Runs of consecutive indices in @idx (sorted): first[] and count[]. */
+static uint32_t ema_win_runs(const uint32_t *idx, uint32_t n, uint32_t *first, uint32_t *count)
+{
+    uint32_t nruns = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        if (nruns > 0 && idx[i] == first[nruns - 1] + count[nruns - 1]) {
+            count[nruns - 1]++;
+        } else {
+            first[nruns] = idx[i];
+            count[nruns] = 1;
+            nruns++;
+        }
+    }
+    return nruns;
+}
+
+static int ema_win_cmp_u32(const void *a, const void *b)
+{
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    return (x > y) - (x < y);
+}
+
+/*
+ * Move segments @idx[0..n) of @win's own part to other memory, as one batch:
+ * one round of invalidations, the copies, one round of updates, and one
+ * give-back per lender, so moving many segments costs the copy time plus a
+ * few round trips.  Targets are @targets (with @handles) or, if NULL, found
+ * anywhere but at @exclude.  Called with win->lock held, which it never
+ * drops.  Segments that moved or went away meanwhile are skipped, and so
+ * are segments held with ema_win_acquire: a migration never waits for the
+ * application (ema(7) MIGRATION), so it can run in any thread, the
+ * application's own ema_progress and ema_barrier included.  The caller
+ * looks at the table afterwards to see what did not move.  Returns
+ * EMA_ERR_NO_MEMORY when no memory was found for some of the segments.
+ */
+ema_status_t ema__win_move(ema_win_h win, uint32_t *idx, uint32_t n, int exclude,
+                          const ema__loc_t *targets, const int64_t *handles)
+{
+    ema__win_ctx_t *ctx   = win->ctx;
+    ema__win_part_t *part = &win->parts[ctx->rank];
+    size_t seg = ctx->seg_size;
+    ema_status_t status = EMA_SUCCESS, found = EMA_SUCCESS;
+    ema__loc_t *old = calloc(n ? n : 1, sizeof(*old));
+    ema__loc_t *loc = calloc(n ? n : 1, sizeof(*loc));
+    int64_t *hdl    = calloc(n ? n : 1, sizeof(*hdl));
+    uint32_t *first = calloc(n ? n : 1, sizeof(*first));
+    uint32_t *count = calloc(n ? n : 1, sizeof(*count));
+    uint32_t got, nruns, i, k;
+
+    if (old == NULL || loc == NULL || hdl == NULL || first == NULL || count == NULL) {
+        status = EMA_ERR_NO_MEMORY;
+        goto out;
+    }
+    qsort(idx, n, sizeof(*idx), ema_win_cmp_u32);
+    if (targets == NULL) {
+        /* held segments stay: find memory for the others only */
+        for (i = 0, k = 0; i < n; i++) {
+            if (atomic_load(&win->held[idx[i]]) == 0) {
+                idx[k++] = idx[i];
+            }
+        }
+        n = k;
+    }
+    for (i = 0; i < n; i++) {
+        old[i] = atomic_load(&part->loc[idx[i]]) & ~EMA_LOC_MOVING;
+    }
+    if (targets != NULL) {
+        memcpy(loc, targets, n * sizeof(*loc));
+        memcpy(hdl, handles, n * sizeof(*hdl));
+        got = n;
+    } else {
+        got = ctx->mem_ops->acquire(ctx->mem_arg, n, exclude, EMA_WIN_FROM_ANY, loc, hdl);
+        if (got < n) {
+            /* the recall path refuses them to the lender (REFUSE): an
+             * answer, not a failure of this rank */
+            ema_debug("no memory anywhere to move %u of %u segments of window %u", n - got, n,
+                      win->id);
+            found = EMA_ERR_NO_MEMORY;
+            n = got; /* move what we can */
+        }
+    }
+
+    for (;;) {
+        /* 1. drop the segments that moved, went away or are held */
+        for (i = 0, k = 0; i < n; i++) {
+            if (idx[i] < atomic_load(&part->nsegs) &&
+                (atomic_load(&part->loc[idx[i]]) & ~EMA_LOC_MOVING) == old[i] &&
+                atomic_load(&win->held[idx[i]]) == 0) {
+                idx[k] = idx[i];
+                old[k] = old[i];
+                loc[k] = loc[i];
+                hdl[k] = hdl[i];
+                k++;
+            } else {
+                ctx->mem_ops->release(ctx->mem_arg, &loc[i], 1);
+            }
+        }
+        n     = k;
+        nruns = ema_win_runs(idx, n, first, count);
+        if (n == 0) {
+            goto out;
+        }
+        /* 2. invalidate them everywhere, in one round */
+        status = ema__win_invalidate_runs(win, first, count, nruns);
+        int held = 0;
+        for (i = 0; i < n; i++) {
+            held |= atomic_load(&win->held[idx[i]]) > 0;
+        }
+        if (status != EMA_SUCCESS || !held) {
+            break;
+        }
+        /* Acquired while we marked them (ema_win_acquire marks first, then
+         * checks MOVING): back in service everywhere, and the next pass
+         * leaves the held ones out. */
+        for (i = 0; i < n; i++) {
+            atomic_store(&part->loc[idx[i]], old[i]);
+        }
+        for (uint32_t r = 0; r < nruns; r++) {
+            ema__win_publish(win, first[r], count[r]);
+        }
+    }
+
+    /* 3. copy, and map the new memory at the same addresses */
+    uint32_t ok = 0;
+    double tm0 = ema__now_us(), tm_copy = 0;
+    if (ctx->direct) {
+        /* One copy per run contiguous in the old and the new memory,
+         * between this rank's mappings of both (a large memcpy streams past
+         * the caches), then one remap per run (one TLB shootdown each).
+         * The remap costs the kernel about 80 us per 2 MiB to tear down the
+         * old 4 KiB page-table entries; running it on a second thread during
+         * the copy was measured no faster on two cores. */
+        ema_win_remap_t rm = {win, idx, loc, hdl, n, 0, EMA_SUCCESS};
+        for (i = 0; i < n;) {
+            uint32_t j = i + 1;
+            while (j < n && old[j] == old[j - 1] + 1 && loc[j] == loc[j - 1] + 1) {
+                j++;
+            }
+            ema__win_seg_copy(ctx, loc[i], old[i], j - i);
+            i = j;
+        }
+        tm_copy = ema__now_us();
+        ema_win_remap_main(&rm);
+        ok     = rm.ok;
+        status = rm.status;
+        win->stats.migrations += ok;
+    } else {
+        status = ema__win_seg_move_batch(win, idx, loc, hdl, n, &ok);
+    }
+    double tm1 = ema__now_us();
+    /* 4. the new locations (the old ones where a copy failed: that data is
+     * intact, still mapped there), in one round of updates */
+    for (i = 0; i < n; i++) {
+        atomic_store(&part->loc[idx[i]], (i < ok) ? loc[i] : old[i]);
+    }
+    ctx->mem_ops->mapped(ctx->mem_arg, loc, ok);
+    for (uint32_t r = 0; r < nruns; r++) {
+        ema__win_publish(win, first[r], count[r]);
+    }
+    if (win->stats.nwanted > 0) {
+        ema__win_wanted_bytes(win); /* forgets the wanted segments that moved */
+    }
+    /* 5. give the old memory back, one message per lender */
+    double tm2 = ema__now_us();
+    ctx->mem_ops->release(ctx->mem_arg, old, ok);
+    ctx->mem_ops->release(ctx->mem_arg, loc + ok, n - ok);
+    atomic_fetch_add(&ctx->bytes_migrated, (uint64_t)ok * seg);
+    ema_debug("moved %u segments of window %u: copy %.0f us, remap %.0f us, update %.0f us, "
+              "give back %.0f us", ok, win->id, tm_copy ? tm_copy - tm0 : tm1 - tm0,
+              tm_copy ? tm1 - tm_copy : 0, tm2 - tm1, ema__now_us() - tm2);
+out:
+    free(old);
+    free(loc);
+    free(hdl);
+    free(first);
+    free(count);
+    return (status == EMA_SUCCESS) ? found : status;
+}
+
+/* @n borrowed segments of @win's own part, @segs of rank @src, were refused
+ * to their lender: tell the owner (ema_win_stat's bytes_wanted) until they
+ * leave the part.  Called with win->lock held. */
+static void ema_win_note_wanted(ema_win_h win, int src, const uint32_t *segs, uint32_t n)
+{
+    ema__win_stats_t *st = &win->stats;
+
+    for (uint32_t k = 0; k < n; k++) {
+        ema__loc_t l = EMA_LOC(src, EMA_TIER_DEVICE, segs[k]);
+        uint32_t i;
+        for (i = 0; i < st->nwanted && st->wanted[i] != l; i++) {
+        }
+        if (i < st->nwanted) {
+            continue; /* refused again: counted once */
+        }
+        if (st->nwanted == st->wanted_cap) {
+            uint32_t cap = st->wanted_cap ? 2 * st->wanted_cap : 16;
+            ema__loc_t *w = realloc(st->wanted, cap * sizeof(*w));
+            if (w == NULL) {
+                ema_warn("out of memory noting segments wanted back: bytes_wanted is short");
+                return;
+            }
+            st->wanted     = w;
+            st->wanted_cap = cap;
+        }
+        st->wanted[st->nwanted++] = l;
+    }
+    ema_debug("window %u: %u borrowed segments of rank %d wanted back, nowhere to move them",
+              win->id, n, src);
+}
+
+size_t ema__win_wanted_bytes(ema_win_h win)
+{
+    ema__win_stats_t *ws  = &win->stats;
+    ema__win_part_t *part = &win->parts[win->ctx->rank];
+    size_t seg  = win->ctx->seg_size, size = atomic_load(&part->size), bytes = 0;
+    uint32_t n  = atomic_load(&part->nsegs);
+
+    for (uint32_t k = 0; k < ws->nwanted;) {
+        uint32_t i;
+        for (i = 0; i < n; i++) {
+            if ((atomic_load(&part->loc[i]) & ~EMA_LOC_MOVING) == ws->wanted[k]) {
+                break;
+            }
+        }
+        if (i == n) { /* shrunk, moved home or to another lender */
+            ws->wanted[k] = ws->wanted[--ws->nwanted];
+            continue;
+        }
+        /* the part's bytes, as bytes_borrowed: the last segment may be cut */
+        bytes += (i == n - 1 && size % seg) ? size % seg : seg;
+        k++;
+    }
+    return bytes;
+}
+
+/*
+ * Tell the owner which ranges of @win's part are about to move: its reclaim
+ * callback, once per run of consecutive segments in @idx (ascending).  Never
+ * under the window's lock, so the callback may call any ema_win_* on the
+ * window (ema_win_release to let a held range go, ema_win_stat).
+ */
+void ema__win_notify(ema_win_h win, ema_reclaim_cb cb, void *cb_arg, const uint32_t *idx,
+                      uint32_t n)
+{
+    size_t seg = win->ctx->seg_size;
+
+    for (uint32_t i = 0; cb != NULL && i < n;) {
+        uint32_t j = i + 1;
+        while (j < n && idx[j] == idx[j - 1] + 1) {
+            j++;
+        }
+        cb(win, (size_t)idx[i] * seg, (size_t)(j - i) * seg, cb_arg);
+        i = j;
+    }
+}
+
+/* Indices of the segments of @win's own part that live in @src's memory
+ * and are among @segs[0..n) not yet @found (then marked found 1 if @mark).
+ * Called with win->lock held. */
+static uint32_t ema_win_recall_collect(ema_win_h win, int src, const uint32_t *segs,
+                                       uint32_t n, uint8_t *found,
+                                        int mark, uint32_t *idx)
+{
+    ema__win_part_t *part = &win->parts[win->ctx->rank];
+    uint32_t ns = atomic_load(&part->nsegs), m = 0;
+
+    for (uint32_t i = 0; i < ns; i++) {
+        ema__loc_t l = atomic_load(&part->loc[i]) & ~EMA_LOC_MOVING;
+        if (EMA_LOC_RANK(l) != src || EMA_LOC_TIER(l) != EMA_TIER_DEVICE) {
+            continue;
+        }
+        for (uint32_t k = 0; k < n; k++) {
+            if (!found[k] && segs[k] == EMA_LOC_SEG(l)) {
+                found[k] = mark ? 1 : 0;
+                idx[m++] = i;
+                break;
+            }
+        }
+    }
+    return m;
+}
+
+
+/*
+ * A lender (@src) wants segments @segs[0..n) back: in every window, tell the
+ * owner (its reclaim callback, unless @notified), then move the recalled
+ * segments of its part elsewhere (never to @src).  @found[k] (in/out): 0
+ * not seen, 1 found in a window here, left as is if nonzero on entry.  Out:
+ * @held[k] set for a segment that stays because it is held; @refuse gets
+ * the segments that had nowhere to go (*@nrefuse_p of them), which the
+ * window also counts as wanted (bytes_wanted).
+ */
+void ema__win_recall(ema__win_ctx_t *ctx, int src, const uint32_t *segs, uint32_t n,
+                     int notified, uint8_t *found, uint8_t *held, uint32_t *refuse,
+                     uint32_t *nrefuse_p)
+{
+    uint32_t *idx  = calloc(n ? n : 1, sizeof(*idx));
+    uint32_t *idx2 = calloc(n ? n : 1, sizeof(*idx2));
+    uint32_t nrefuse = 0;
+
+    if (idx == NULL || idx2 == NULL) {
+        ema_error("out of memory handling a recall from rank %d", src);
+        goto out;
+    }
+    pthread_mutex_lock(&ctx->lock);
+    ema_win_h win = ctx->wins;
+    pthread_mutex_unlock(&ctx->lock);
+    for (; win != NULL; win = win->next) {
+        uint32_t m = 0;
+        if (!notified) {
+            /* the owner hears first, and may release what it held */
+            pthread_mutex_lock(&win->lock);
+            ema_reclaim_cb cb = win->reclaim_cb;
+            void *cb_arg      = win->reclaim_arg;
+            if (win->magic == EMA_WIN_MAGIC && cb != NULL) {
+                m = ema_win_recall_collect(win, src, segs, n, found, 0, idx);
+            }
+            pthread_mutex_unlock(&win->lock);
+            ema__win_notify(win, cb, cb_arg, idx, m);
+        }
+        pthread_mutex_lock(&win->lock);
+        if (win->magic == EMA_WIN_MAGIC) {
+            ema__win_part_t *part = &win->parts[ctx->rank];
+            m = ema_win_recall_collect(win, src, segs, n, found, 1, idx);
+            if (m > 0) {
+                /* the move gives the old segments back */
+                memcpy(idx2, idx, m * sizeof(*idx));
+                ema_status_t st = ema__win_move(win, idx, m, src, NULL, NULL);
+                /* What did not move: held ones wait for their release;
+                 * the others had nowhere to go and are refused, so the
+                 * lender stops waiting for them. */
+                uint32_t nref0 = nrefuse;
+                for (uint32_t i = 0; i < m; i++) {
+                    ema__loc_t l = atomic_load(&part->loc[idx2[i]]) & ~EMA_LOC_MOVING;
+                    if (idx2[i] >= atomic_load(&part->nsegs) || EMA_LOC_RANK(l) != src ||
+                        EMA_LOC_TIER(l) != EMA_TIER_DEVICE) {
+                        continue;
+                    }
+                    if (st == EMA_ERR_NO_MEMORY && atomic_load(&win->held[idx2[i]]) == 0) {
+                        refuse[nrefuse++] = EMA_LOC_SEG(l);
+                        continue;
+                    }
+                    /* held (or acquired and released during the move):
+                     * look again after a release */
+                    for (uint32_t k = 0; k < n; k++) {
+                        if (segs[k] == EMA_LOC_SEG(l) && found[k] == 1) {
+                            held[k] = 1;
+                            break;
+                        }
+                    }
+                }
+                if (nrefuse > nref0) {
+                    ema_win_note_wanted(win, src, refuse + nref0, nrefuse - nref0);
+                }
+            }
+        }
+        pthread_mutex_unlock(&win->lock);
+    }
+out:
+    *nrefuse_p = nrefuse;
+    free(idx);
+    free(idx2);
+}

@@ -12,16 +12,22 @@
  *   B --GIVEBACK(segs)--> L   L marks them free
  *
  * Reclaim (L wants its memory: ema_reclaim, or its own window grows):
- *   L --RECALL(segs)--> B     B, in its progress thread, for each segment:
- *                             1. picks new memory: its own free memory,
+ *   L --RECALL(segs)--> B     B, in its progress thread, per window:
+ *                             1. calls the window's reclaim callback
+ *                                (once per recall, without the lock)
+ *                             2. picks new memory for the segments not held
+ *                                with ema_win_acquire: its own free memory,
  *                                else another lender, else its spill tier
- *                             2. calls the window's reclaim callback, waits
- *                                for ema_win_acquire holds to be released
- *                             3. invalidates the segment on every rank
- *                                (win/coherence.c), copies it, maps the new
- *                                memory at the same address, publishes
+ *                             3. invalidates them on every rank
+ *                                (win/coherence.c), copies them, maps the
+ *                                new memory at the same address, publishes
+ *                             4. held ones: the job parks until a release
+ *                                (ema__pool_unpark), then goes on from 2
  *   L <--GIVEBACK(segs)-- B
  *   L waits for every GIVEBACK, or for its timeout.
+ *
+ * Lendable memory (each rank, whenever its own figure changes):
+ *   R --ADVERT(left)--> every peer   for the peers' lender order
  */
 #include "pool.h"
 

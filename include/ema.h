@@ -96,14 +96,19 @@ enum {
 typedef struct {
     uint64_t          field_mask;    /**< EMA_INIT_PARAM_FIELD_* bits. */
     ema_memory_kind_t memory_kind;   /**< Overrides EMA_MEMORY_KIND. */
-    size_t            device_memory; /**< Capacity in bytes; overrides EMA_DEVICE_MEMORY. */
+    size_t            device_memory; /**< Capacity in bytes, at least one segment, rounded
+                                          down to whole segments; overrides
+                                          EMA_DEVICE_MEMORY. */
     size_t            segment_size;  /**< Segment size; overrides EMA_SEGMENT_SIZE. */
 } ema_init_params_t;
 
 /**
  * Join the ema world.  Collective over every process of the job.  Under
  * mpirun/prterun the world is the PMIx job; a process started with no
- * launcher is a world of one.  @a params may be NULL.
+ * launcher is a world of one.  @a params may be NULL.  A failed ema_init()
+ * changes nothing and may be retried (by every rank); under a launcher
+ * PMIx stays connected across failed tries until ema_finalize().
+ * EMA_ERR_INVALID_PARAM when the capacity is less than one segment.
  * Cost: one PMIx fence plus endpoint creation to every peer.
  * Released by ema_finalize().
  */
@@ -118,13 +123,23 @@ EMA_EXPORT ema_status_t ema_world_rank(int *rank_p);
 /** The number of processes in the world. */
 EMA_EXPORT ema_status_t ema_world_size(int *size_p);
 
-/** Block until every rank has called ema_barrier().  Collective. */
+/**
+ * Block until every rank has called ema_barrier().  Collective.  Does not
+ * complete puts or gets (flush first), but the owner's plain stores to its
+ * own part before the barrier are seen by peers' ema_get() after it (cuda:
+ * once the kernel or copy that wrote them has completed), and a grow before
+ * it by peers' ema_win_size() after it.  Without a progress thread it runs
+ * this rank's migrations and their reclaim callbacks (ema(7) MIGRATION).
+ */
 EMA_EXPORT ema_status_t ema_barrier(void);
 
 /**
  * Make communication progress from the calling thread.  Needed only when the
- * progress thread is disabled (EMA_PROGRESS_THREAD=0).  Returns EMA_SUCCESS
- * if anything progressed, EMA_INPROGRESS if there was nothing to do.
+ * progress thread is disabled (EMA_PROGRESS_THREAD=0); it then also runs this
+ * rank's migrations (a lender's recall, a prefetch) and their reclaim
+ * callbacks, which never wait for ranges held with ema_win_acquire(), so it
+ * never blocks.  Returns EMA_SUCCESS if anything progressed, EMA_INPROGRESS
+ * if there was nothing to do.
  */
 EMA_EXPORT ema_status_t ema_progress(void);
 
@@ -176,7 +191,9 @@ typedef struct {
 /**
  * Allocate a window.  Collective.  Each rank gives the size of its own part
  * (0 is allowed) and receives the base address of its own part, which stays
- * the same for the window's lifetime.  @a params may be NULL.
+ * the same for the window's lifetime.  @a params may be NULL.  Ends with a
+ * barrier, so every rank knows the window before any rank uses it.
+ * Cost: one allgather, one barrier, one map per segment.
  * Released by ema_win_free().
  */
 EMA_EXPORT ema_status_t ema_win_allocate(size_t size, const ema_win_params_t *params,
@@ -185,7 +202,12 @@ EMA_EXPORT ema_status_t ema_win_allocate(size_t size, const ema_win_params_t *pa
 /** Free a window.  Collective; completes outstanding operations first. */
 EMA_EXPORT ema_status_t ema_win_free(ema_win_h win);
 
-/** The size in bytes of @a rank's part of @a win. */
+/**
+ * The size in bytes of @a rank's part of @a win: for another rank's part,
+ * this rank's cached size, updated asynchronously after the owner's grow
+ * returns and certainly after a barrier that follows it.  Put and get past
+ * the cached size ask the owner first, so they never fail for grown bytes.
+ */
 EMA_EXPORT ema_status_t ema_win_size(ema_win_h win, int rank, size_t *size_p);
 
 /* ------------------------------------------------------------------------- */
@@ -260,8 +282,9 @@ EMA_EXPORT ema_status_t ema_compare_swap(ema_win_h win, int rank, size_t offset,
 /**
  * Grow this rank's part of @a win to @a new_size bytes (not collective).
  * Takes free local memory first, then memory this rank has lent out (an
- * implicit reclaim), then borrows segments from peers in lender order, then
- * spills to host memory (EMA_SPILL=host).  The base pointer does not move;
+ * implicit reclaim), then borrows segments from peers in lender order (the
+ * most lendable memory by each peer's current figure), then spills to host
+ * memory (EMA_SPILL=host).  The base pointer does not move;
  * new bytes are mapped after the old ones.  @a new_size must not exceed the
  * window's max_size.  EMA_ERR_NO_MEMORY, with the part unchanged, when
  * nothing can supply the memory.  Cost: one round trip per lender asked,
@@ -271,33 +294,46 @@ EMA_EXPORT ema_status_t ema_win_grow(ema_win_h win, size_t new_size);
 
 /**
  * Shrink this rank's part of @a win to @a new_size bytes (not collective).
- * Spilled segments are given back first, then borrowed ones, then local
- * ones; the data of the first @a new_size bytes is kept (it moves to the
- * freed local memory where needed).  Waits until every rank has stopped
- * using the released memory.
+ * The segments past the new size are dropped wherever they live (borrowed
+ * ones given back, spilled ones freed, local ones freed); then the kept
+ * segments that are away come home into free local memory, spilled first,
+ * then borrowed, held ones skipped (a migration: ema(7) MIGRATION; the
+ * reclaim callback runs on the calling thread).  The data of the first
+ * @a new_size bytes is kept.  Waits until every rank has stopped using the
+ * dropped memory.
  */
 EMA_EXPORT ema_status_t ema_win_shrink(ema_win_h win, size_t new_size);
 
 /**
- * Take back memory this rank lent to peers, until at least @a bytes of its
- * capacity are free, and withhold them from lending until
- * ema_reclaim_release().  The borrowers move their data elsewhere (their
- * own free memory, another lender, or the spill tier); no byte is lost.
- * Waits at most @a timeout_ms milliseconds (EMA_TIMEOUT_INFINITE: no limit);
- * on EMA_ERR_TIMEOUT what was reclaimed stays reclaimed and withheld, and
- * the rest is still lent.  Segments a borrower holds with ema_win_acquire()
- * are not moved until released.
+ * Make @a bytes of this rank's capacity free and withheld (neither lent nor
+ * used) until ema_reclaim_release(): free memory counts first, the lending
+ * reserve included, then memory lent to peers is recalled.  To take back
+ * everything lent, pass bytes_free + bytes_lent (ema_mem_stat()).  The
+ * borrowers move their data elsewhere (their own free memory, another
+ * lender, or the spill tier); no byte is lost.  Segments a borrower holds
+ * with ema_win_acquire() stay until released, the others move at once.
+ * Waits at most @a timeout_ms milliseconds (EMA_TIMEOUT_INFINITE: no limit).
+ * On EMA_ERR_TIMEOUT or EMA_ERR_NO_MEMORY what came back stays withheld,
+ * the rest is still lent, and the whole of @a bytes counts as withheld
+ * (bytes_withheld); the clean retry is ema_reclaim_release(bytes_withheld)
+ * then ema_reclaim(bytes).
  */
 EMA_EXPORT ema_status_t ema_reclaim(size_t bytes, uint64_t timeout_ms);
 
-/** Let @a bytes withheld by ema_reclaim() be lent again. */
+/** Let @a bytes withheld by ema_reclaim() be lent (and used) again. */
 EMA_EXPORT ema_status_t ema_reclaim_release(size_t bytes);
 
 /**
- * Called on the owner, from the progress thread, before [offset, offset+len)
- * of its part moves to other memory (reclaim, shrink).  Plain loads and
- * stores to the range must stop until the call returns; put/get through EMA
- * need no care.
+ * Called on the owner before [offset, offset+len) of its part moves to other
+ * memory: once per recall (held ranges included), and before a shrink's or a
+ * prefetch's moves home.  Runs without the window's lock (it may call
+ * ema_win_release(), ema_win_acquire(), ema_win_stat()), on the progress
+ * thread for a recall or a prefetch (without one: inside ema_progress(),
+ * ema_barrier() or ema_win_free()), on the calling thread for a shrink.
+ * A held range never moves, so the owner may keep using it until it
+ * releases it; a range not held must be left alone by plain loads and
+ * stores from then until the move is over (ema_win_acquire() it to use it
+ * again).  Put/get through EMA need no care.  See ema(7) MIGRATION.
  */
 typedef void (*ema_reclaim_cb)(ema_win_h win, size_t offset, size_t len, void *arg);
 
@@ -306,13 +342,17 @@ EMA_EXPORT ema_status_t ema_win_set_reclaim_cb(ema_win_h win, ema_reclaim_cb cb,
 
 /**
  * Mark [offset, offset+len) of this rank's own part as in use: until
- * ema_win_release() its segments are not moved.  A reclaim that needs them
- * waits; if its timeout expires first the lender gets EMA_ERR_TIMEOUT and
- * the segments move once released.  Acquires nest (counted per segment).
+ * ema_win_release() its segments are not moved.  Migrations never wait for
+ * them: a recall, a shrink's moves home and a prefetch leave them where they
+ * are and move the rest of their batch at once; a recalled segment moves
+ * once released (a lender whose timeout expires first gets EMA_ERR_TIMEOUT).
+ * Waits out a move already in progress, then pins.  Acquires nest (counted
+ * per segment).  See ema(7) MIGRATION.
  */
 EMA_EXPORT ema_status_t ema_win_acquire(ema_win_h win, size_t offset, size_t len);
 
-/** Release a range marked with ema_win_acquire(). */
+/** Release a range marked with ema_win_acquire(); a recall waiting for it
+ *  moves it then. */
 EMA_EXPORT ema_status_t ema_win_release(ema_win_h win, size_t offset, size_t len);
 
 /**
@@ -322,7 +362,8 @@ EMA_EXPORT ema_status_t ema_win_release(ema_win_h win, size_t offset, size_t len
  * then borrowed ones, each from @a offset on,
  * as far as there is free local memory (nothing is reclaimed or evicted for
  * it).  Segments held with ema_win_acquire() are left where they are.  The
- * moves are migrations: see ema_win_set_reclaim_cb() for the owner's plain
+ * moves are migrations (ema(7) MIGRATION; the reclaim callback runs where
+ * the prefetch does): see ema_win_set_reclaim_cb() for the owner's plain
  * stores meanwhile.  ema_win_stat() shows the result.
  */
 EMA_EXPORT ema_status_t ema_win_prefetch(ema_win_h win, size_t offset, size_t len);

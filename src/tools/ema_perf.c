@@ -1282,7 +1282,9 @@ static int perf_measure_reclaim(perf_t *p, int op_index, size_t size, perf_row_t
                 abort_ = 1;
                 break;
             }
-            size_t have = perf_free(); /* its reserve, if any: reclaim N beyond it */
+            /* free memory (the reserve included) counts first: free + N
+             * recalls exactly the N bytes lent */
+            size_t have = perf_free();
             double t0 = perf_now();
             ema_status_t st = ema_reclaim(have + n, timeout_ms);
             double t1 = perf_now();
@@ -1581,7 +1583,8 @@ static void perf_usage(FILE *f)
         "borrow rows: ema_us = median time of ema_win_grow by one segment (size) that\n"
         "  rank 0 must borrow from rank 1; there is no reference: the ucx columns are\n"
         "  empty in the CSV, '-' in the table.  Goal: ema_us <= 100.\n"
-        "reclaim rows: ema_us = median time of ema_reclaim(size) on rank 1 while rank 0\n"
+        "reclaim rows: ema_us = median time of ema_reclaim(free + size) on rank 1 (free\n"
+        "  memory counts first, so the size bytes it lent are recalled) while rank 0\n"
         "  migrates the borrowed bytes to its own free memory; the ucx columns hold the\n"
         "  reference instead of raw UCX: a memcpy of size bytes from rank 1's memory to\n"
         "  rank 0's (both mapped, resident), same run (\"copy\" in the table); ratio =\n"

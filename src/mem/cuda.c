@@ -23,180 +23,7 @@
  * cuCtxSetCurrent is a thread-local store.
  */
 #define _GNU_SOURCE
-#include "mem.h"
-
-#include "util/log.h"
-
-#include <cuda.h>
-#include <cudaTypedefs.h>
-#include <dlfcn.h>
-#include <errno.h>
-#include <fcntl.h>
-#include <pthread.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-
-#ifndef SYS_pidfd_open
-#define SYS_pidfd_open 434
-#endif
-#ifndef SYS_pidfd_getfd
-#define SYS_pidfd_getfd 438
-#endif
-
-/* The VMM granularity of the H200 (and every recent data-centre GPU); the
- * real one is checked against the segment size in arena_create. */
-#define EMA_CUDA_GRANULARITY (2ul << 20)
-
-/* --- the driver, loaded on first use ------------------------------------ */
-
-/* One entry per driver call: the name given to cuGetProcAddress, and the
- * exported (ABI) name to dlsym when the driver predates cuGetProcAddress_v2. */
-#define EMA_CUDA_FUNCS(_F) \
-    _F(cuInit, cuInit, PFN_cuInit_v2000) \
-    _F(cuDriverGetVersion, cuDriverGetVersion, PFN_cuDriverGetVersion_v2020) \
-    _F(cuGetErrorName, cuGetErrorName, PFN_cuGetErrorName_v6000) \
-    _F(cuDeviceGetCount, cuDeviceGetCount, PFN_cuDeviceGetCount_v2000) \
-    _F(cuDeviceGet, cuDeviceGet, PFN_cuDeviceGet_v2000) \
-    _F(cuDeviceGetAttribute, cuDeviceGetAttribute, PFN_cuDeviceGetAttribute_v2000) \
-    _F(cuDevicePrimaryCtxRetain, cuDevicePrimaryCtxRetain, PFN_cuDevicePrimaryCtxRetain_v7000) \
-    _F(cuDevicePrimaryCtxRelease, cuDevicePrimaryCtxRelease_v2, \
-       PFN_cuDevicePrimaryCtxRelease_v11000) \
-    _F(cuCtxSetCurrent, cuCtxSetCurrent, PFN_cuCtxSetCurrent_v4000) \
-    _F(cuMemGetInfo, cuMemGetInfo_v2, PFN_cuMemGetInfo_v3020) \
-    _F(cuMemGetAllocationGranularity, cuMemGetAllocationGranularity, \
-       PFN_cuMemGetAllocationGranularity_v10020) \
-    _F(cuMemAddressReserve, cuMemAddressReserve, PFN_cuMemAddressReserve_v10020) \
-    _F(cuMemAddressFree, cuMemAddressFree, PFN_cuMemAddressFree_v10020) \
-    _F(cuMemCreate, cuMemCreate, PFN_cuMemCreate_v10020) \
-    _F(cuMemRelease, cuMemRelease, PFN_cuMemRelease_v10020) \
-    _F(cuMemMap, cuMemMap, PFN_cuMemMap_v10020) \
-    _F(cuMemUnmap, cuMemUnmap, PFN_cuMemUnmap_v10020) \
-    _F(cuMemSetAccess, cuMemSetAccess, PFN_cuMemSetAccess_v10020) \
-    _F(cuMemExportToShareableHandle, cuMemExportToShareableHandle, \
-       PFN_cuMemExportToShareableHandle_v10020) \
-    _F(cuMemImportFromShareableHandle, cuMemImportFromShareableHandle, \
-       PFN_cuMemImportFromShareableHandle_v10020) \
-    _F(cuStreamCreate, cuStreamCreate, PFN_cuStreamCreate_v2000) \
-    _F(cuStreamDestroy, cuStreamDestroy_v2, PFN_cuStreamDestroy_v4000) \
-    _F(cuStreamSynchronize, cuStreamSynchronize, PFN_cuStreamSynchronize_v2000) \
-    _F(cuMemcpyAsync, cuMemcpyAsync, PFN_cuMemcpyAsync_v4000) \
-    _F(cuEventCreate, cuEventCreate, PFN_cuEventCreate_v2000) \
-    _F(cuEventRecord, cuEventRecord, PFN_cuEventRecord_v2000) \
-    _F(cuEventSynchronize, cuEventSynchronize, PFN_cuEventSynchronize_v2000) \
-    _F(cuEventDestroy, cuEventDestroy_v2, PFN_cuEventDestroy_v4000)
-
-#define EMA_CUDA_FIELD(_name, _abi, _type) _type _name;
-static struct {
-    void *lib;
-    int   usable;  /* driver loaded, cuInit done, at least one device */
-    int   ndev;
-    int   version; /* cuDriverGetVersion */
-    EMA_CUDA_FUNCS(EMA_CUDA_FIELD)
-} ema_cu;
-#undef EMA_CUDA_FIELD
-
-static pthread_once_t ema_cu_once = PTHREAD_ONCE_INIT;
-
-static const char *ema_cu_errname(CUresult res)
-{
-    const char *name = NULL;
-    if (ema_cu.cuGetErrorName == NULL || ema_cu.cuGetErrorName(res, &name) != CUDA_SUCCESS ||
-        name == NULL) {
-        return "CUDA_ERROR_UNKNOWN";
-    }
-    return name;
-}
-
-/* Log a failed driver call once, naming it and its CUresult. */
-#define EMA_CU_CALL(_res, _call, ...) \
-    do { \
-        (_res) = ema_cu._call(__VA_ARGS__); \
-        if ((_res) != CUDA_SUCCESS) { \
-            ema_error(#_call "() failed: %s", ema_cu_errname(_res)); \
-        } \
-    } while (0)
-
-static ema_status_t ema_cu_status(CUresult res)
-{
-    switch (res) {
-    case CUDA_SUCCESS:             return EMA_SUCCESS;
-    case CUDA_ERROR_OUT_OF_MEMORY: return EMA_ERR_NO_MEMORY;
-    case CUDA_ERROR_INVALID_VALUE: return EMA_ERR_INVALID_PARAM;
-    case CUDA_ERROR_NOT_SUPPORTED: return EMA_ERR_UNSUPPORTED;
-    default:                       return EMA_ERR_DEVICE;
-    }
-}
-
-/*
- * Runs once.  Missing library, missing symbols, cuInit failing or no
- * device are the normal case on machines without a GPU: they are logged at
- * debug level only, and the kind is reported unusable.
- */
-static void ema_cu_load(void)
-{
-    PFN_cuGetProcAddress_v12000 get_proc;
-    CUresult res;
-
-    ema_cu.lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-    if (ema_cu.lib == NULL) {
-        ema_debug("cuda kind unusable: dlopen(libcuda.so.1) failed: %s", dlerror());
-        return;
-    }
-    get_proc = (PFN_cuGetProcAddress_v12000)dlsym(ema_cu.lib, "cuGetProcAddress_v2");
-
-#define EMA_CUDA_RESOLVE(_name, _abi, _type) \
-    { \
-        void *fn = NULL; \
-        if (get_proc != NULL) { \
-            CUdriverProcAddressQueryResult found = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND; \
-            if (get_proc(#_name, &fn, CUDA_VERSION, CU_GET_PROC_ADDRESS_DEFAULT, &found) != \
-                    CUDA_SUCCESS || found != CU_GET_PROC_ADDRESS_SUCCESS) { \
-                fn = NULL; \
-            } \
-        } \
-        if (fn == NULL) { \
-            fn = dlsym(ema_cu.lib, #_abi); \
-        } \
-        if (fn == NULL) { \
-            ema_debug("cuda kind unusable: the driver has no " #_name); \
-            goto err_close; \
-        } \
-        ema_cu._name = (_type)fn; \
-    }
-    EMA_CUDA_FUNCS(EMA_CUDA_RESOLVE)
-#undef EMA_CUDA_RESOLVE
-
-    res = ema_cu.cuInit(0);
-    if (res != CUDA_SUCCESS) {
-        ema_debug("cuda kind unusable: cuInit() failed: %s", ema_cu_errname(res));
-        goto err_close;
-    }
-    if (ema_cu.cuDriverGetVersion(&ema_cu.version) != CUDA_SUCCESS) {
-        ema_cu.version = 0;
-    }
-    res = ema_cu.cuDeviceGetCount(&ema_cu.ndev);
-    if (res != CUDA_SUCCESS || ema_cu.ndev <= 0) {
-        ema_debug("cuda kind unusable: no device (%s)", ema_cu_errname(res));
-        goto err_close;
-    }
-    ema_debug("cuda driver %d.%d, %d device(s)", ema_cu.version / 1000,
-              (ema_cu.version % 1000) / 10, ema_cu.ndev);
-    ema_cu.usable = 1;
-    return;
-
-err_close:
-    /* Leave the function pointers unusable rather than dangling. */
-    dlclose(ema_cu.lib);
-    memset(&ema_cu, 0, sizeof(ema_cu));
-}
-
-static int ema_cuda_usable(void)
-{
-    pthread_once(&ema_cu_once, ema_cu_load);
-    return ema_cu.usable;
-}
+#include "cuda_priv.h"
 
 /* --- the arena ------------------------------------------------------------ */
 
@@ -216,7 +43,7 @@ static ema_status_t ema_cuda_ctx_set(ema_cuda_arena_t *ca)
 {
     CUresult res;
     EMA_CU_CALL(res, cuCtxSetCurrent, ca->ctx);
-    return ema_cu_status(res);
+    return ema__cu_status(res);
 }
 
 static void ema_cuda_access_desc(const ema_cuda_arena_t *ca, CUmemAccessDesc *acc)
@@ -237,13 +64,13 @@ static ema_status_t ema_cuda_map_handle(ema_cuda_arena_t *ca, void *addr, size_t
 
     EMA_CU_CALL(res, cuMemMap, ptr, len, 0, h, 0);
     if (res != CUDA_SUCCESS) {
-        return ema_cu_status(res);
+        return ema__cu_status(res);
     }
     ema_cuda_access_desc(ca, &acc);
     EMA_CU_CALL(res, cuMemSetAccess, ptr, len, &acc, 1);
     if (res != CUDA_SUCCESS) {
-        ema_cu.cuMemUnmap(ptr, len);
-        return ema_cu_status(res);
+        ema__cu.cuMemUnmap(ptr, len);
+        return ema__cu_status(res);
     }
     return EMA_SUCCESS;
 }
@@ -261,7 +88,7 @@ static void ema_cuda_prop(const ema_cuda_arena_t *ca, CUmemAllocationHandleType 
 static int ema_cuda_attr(ema_cuda_arena_t *ca, CUdevice_attribute attr)
 {
     int v = 0;
-    if (ema_cu.cuDeviceGetAttribute(&v, attr, ca->dev) != CUDA_SUCCESS) {
+    if (ema__cu.cuDeviceGetAttribute(&v, attr, ca->dev) != CUDA_SUCCESS) {
         return 0;
     }
     return v;
@@ -278,22 +105,22 @@ static ema_status_t ema_cuda_seg_create(ema__mem_arena_t *arena, ema_cuda_arena_
     int fd = -1;
 
     ema_cuda_prop(ca, ca->htypes, &prop);
-    res = ema_cu.cuMemCreate(&h, arena->seg_size, &prop, 0);
+    res = ema__cu.cuMemCreate(&h, arena->seg_size, &prop, 0);
     if (res != CUDA_SUCCESS && (ca->htypes & CU_MEM_HANDLE_TYPE_FABRIC)) {
         /* Fabric handles need an IMEX channel; without one the driver
          * refuses them.  POSIX fds are all a single node needs. */
         ema_debug("cuMemCreate() with fabric handles failed (%s): using posix fds only",
-                  ema_cu_errname(res));
+                  ema__cu_errname(res));
         ca->htypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
         ema_cuda_prop(ca, ca->htypes, &prop);
-        res = ema_cu.cuMemCreate(&h, arena->seg_size, &prop, 0);
+        res = ema__cu.cuMemCreate(&h, arena->seg_size, &prop, 0);
     }
     if (res != CUDA_SUCCESS) {
         ema_error("cuMemCreate(%zu) for segment %u of %u failed: %s%s", arena->seg_size, i,
-                  ca->nsegs, ema_cu_errname(res),
+                  ca->nsegs, ema__cu_errname(res),
                   (res == CUDA_ERROR_OUT_OF_MEMORY)
                       ? " (EMA_DEVICE_MEMORY exceeds the free device memory)" : "");
-        return ema_cu_status(res);
+        return ema__cu_status(res);
     }
     status = ema_cuda_map_handle(ca, (char *)arena->base + (size_t)i * arena->seg_size,
                                  arena->seg_size, h);
@@ -303,7 +130,7 @@ static ema_status_t ema_cuda_seg_create(ema__mem_arena_t *arena, ema_cuda_arena_
     EMA_CU_CALL(res, cuMemExportToShareableHandle, &fd, h,
                 CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
     if (res != CUDA_SUCCESS) {
-        status = ema_cu_status(res);
+        status = ema__cu_status(res);
         goto err_unmap;
     }
     /* Keep it out of exec'd children; peers take it with pidfd_getfd. */
@@ -313,11 +140,11 @@ static ema_status_t ema_cuda_seg_create(ema__mem_arena_t *arena, ema_cuda_arena_
     return EMA_SUCCESS;
 
 err_unmap:
-    ema_cu.cuMemUnmap((CUdeviceptr)(uintptr_t)((char *)arena->base +
+    ema__cu.cuMemUnmap((CUdeviceptr)(uintptr_t)((char *)arena->base +
                                                (size_t)i * arena->seg_size),
                       arena->seg_size);
 err_release:
-    ema_cu.cuMemRelease(h);
+    ema__cu.cuMemRelease(h);
     return status;
 }
 
@@ -329,27 +156,27 @@ static void ema_cuda_arena_destroy(ema__mem_arena_t *arena)
         return;
     }
     if (ca->ctx != NULL) {
-        ema_cu.cuCtxSetCurrent(ca->ctx);
+        ema__cu.cuCtxSetCurrent(ca->ctx);
     }
     for (uint32_t i = 0; i < ca->ncreated; i++) {
-        ema_cu.cuMemUnmap((CUdeviceptr)(uintptr_t)((char *)arena->base +
+        ema__cu.cuMemUnmap((CUdeviceptr)(uintptr_t)((char *)arena->base +
                                                    (size_t)i * arena->seg_size),
                           arena->seg_size);
         /* Peers' mappings of a lent segment keep its memory alive. */
-        ema_cu.cuMemRelease(ca->handles[i]);
+        ema__cu.cuMemRelease(ca->handles[i]);
         if (ca->fds[i] >= 0) {
             close(ca->fds[i]);
         }
     }
     if (arena->base != NULL) {
-        ema_cu.cuMemAddressFree((CUdeviceptr)(uintptr_t)arena->base, arena->capacity);
+        ema__cu.cuMemAddressFree((CUdeviceptr)(uintptr_t)arena->base, arena->capacity);
         arena->base = NULL;
     }
     if (ca->stream != NULL) {
-        ema_cu.cuStreamDestroy(ca->stream);
+        ema__cu.cuStreamDestroy(ca->stream);
     }
     if (ca->ctx != NULL) {
-        ema_cu.cuDevicePrimaryCtxRelease(ca->dev);
+        ema__cu.cuDevicePrimaryCtxRelease(ca->dev);
     }
     free(ca->handles);
     free(ca->fds);
@@ -366,7 +193,7 @@ static ema_status_t ema_cuda_arena_create(ema__mem_arena_t *arena)
     CUresult res;
     int ordinal;
 
-    if (!ema_cuda_usable()) {
+    if (!ema__cuda_usable()) {
         ema_error("memory kind 'cuda' is not usable here (no GPU or driver)");
         return EMA_ERR_UNSUPPORTED;
     }
@@ -388,17 +215,17 @@ static ema_status_t ema_cuda_arena_create(ema__mem_arena_t *arena)
     }
 
     /* arena->device is the local rank until a topology layer picks a GPU. */
-    ordinal = (arena->device < 0 ? 0 : arena->device) % ema_cu.ndev;
+    ordinal = (arena->device < 0 ? 0 : arena->device) % ema__cu.ndev;
     EMA_CU_CALL(res, cuDeviceGet, &ca->dev, ordinal);
     if (res != CUDA_SUCCESS) {
-        status = ema_cu_status(res);
+        status = ema__cu_status(res);
         goto err;
     }
     arena->device = ordinal;
     EMA_CU_CALL(res, cuDevicePrimaryCtxRetain, &ca->ctx, ca->dev);
     if (res != CUDA_SUCCESS) {
         ca->ctx = NULL;
-        status = ema_cu_status(res);
+        status = ema__cu_status(res);
         goto err;
     }
     status = ema_cuda_ctx_set(ca);
@@ -420,7 +247,7 @@ static ema_status_t ema_cuda_arena_create(ema__mem_arena_t *arena)
     EMA_CU_CALL(res, cuMemGetAllocationGranularity, &ca->gran, &prop,
                 CU_MEM_ALLOC_GRANULARITY_MINIMUM);
     if (res != CUDA_SUCCESS) {
-        status = ema_cu_status(res);
+        status = ema__cu_status(res);
         goto err;
     }
     if (ca->gran == 0 || arena->seg_size % ca->gran != 0) {
@@ -433,12 +260,12 @@ static ema_status_t ema_cuda_arena_create(ema__mem_arena_t *arena)
     EMA_CU_CALL(res, cuStreamCreate, &ca->stream, CU_STREAM_NON_BLOCKING);
     if (res != CUDA_SUCCESS) {
         ca->stream = NULL;
-        status = ema_cu_status(res);
+        status = ema__cu_status(res);
         goto err;
     }
     EMA_CU_CALL(res, cuMemAddressReserve, &base, arena->capacity, ca->gran, 0, 0);
     if (res != CUDA_SUCCESS) {
-        status = ema_cu_status(res);
+        status = ema__cu_status(res);
         goto err;
     }
     arena->base = (void *)(uintptr_t)base;
@@ -488,7 +315,7 @@ static ema_status_t ema_cuda_reserve(ema__mem_arena_t *arena, size_t len, void *
     EMA_CU_CALL(res, cuMemAddressReserve, &ptr, ema_cuda_round(ca, len),
                 (arena->seg_size % ca->gran == 0) ? arena->seg_size : ca->gran, 0, 0);
     if (res != CUDA_SUCCESS) {
-        return (res == CUDA_ERROR_OUT_OF_MEMORY) ? EMA_ERR_NO_RESOURCE : ema_cu_status(res);
+        return (res == CUDA_ERROR_OUT_OF_MEMORY) ? EMA_ERR_NO_RESOURCE : ema__cu_status(res);
     }
     *addr_p = (void *)(uintptr_t)ptr;
     return EMA_SUCCESS;
@@ -578,11 +405,11 @@ static ema_status_t ema_cuda_map(ema__mem_arena_t *arena, const ema__mem_export_
                 CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
     close(fd); /* the imported handle holds the memory */
     if (res != CUDA_SUCCESS) {
-        return ema_cu_status(res);
+        return ema__cu_status(res);
     }
     status = ema_cuda_map_handle(ca, addr, arena->seg_size, h);
     /* The mapping keeps the memory alive; unmap frees our hold on it. */
-    ema_cu.cuMemRelease(h);
+    ema__cu.cuMemRelease(h);
     if (status != EMA_SUCCESS) {
         ema_error("mapping segment %u of pid %d at %p failed", seg, (int)exp->pid, addr);
     }
@@ -624,7 +451,7 @@ static ema_status_t ema_cuda_map_many(ema__mem_arena_t *arena, const ema__mem_ex
         EMA_CU_CALL(res, cuMemMap, (CUdeviceptr)(uintptr_t)((char *)addr + (size_t)i * ss), ss,
                     0, ca->handles[seg + i], 0);
         if (res != CUDA_SUCCESS) {
-            status = ema_cu_status(res);
+            status = ema__cu_status(res);
             goto err;
         }
     }
@@ -633,10 +460,10 @@ static ema_status_t ema_cuda_map_many(ema__mem_arena_t *arena, const ema__mem_ex
     if (res == CUDA_SUCCESS) {
         return EMA_SUCCESS;
     }
-    status = ema_cu_status(res);
+    status = ema__cu_status(res);
 err:
     while (i-- > 0) {
-        ema_cu.cuMemUnmap((CUdeviceptr)(uintptr_t)((char *)addr + (size_t)i * ss), ss);
+        ema__cu.cuMemUnmap((CUdeviceptr)(uintptr_t)((char *)addr + (size_t)i * ss), ss);
     }
     return status;
 }
@@ -653,21 +480,21 @@ static ema_status_t ema_cuda_unmap(ema__mem_arena_t *arena, void *addr, size_t l
     }
     /* One call covers a run of whole mappings; should the driver refuse a
      * run that spans several allocations, unmap them one by one. */
-    res = ema_cu.cuMemUnmap((CUdeviceptr)(uintptr_t)addr, len);
+    res = ema__cu.cuMemUnmap((CUdeviceptr)(uintptr_t)addr, len);
     if (res == CUDA_SUCCESS) {
         return EMA_SUCCESS;
     }
     if (len <= arena->seg_size || len % arena->seg_size != 0) {
-        ema_error("cuMemUnmap(%p, %zu) failed: %s", addr, len, ema_cu_errname(res));
-        return ema_cu_status(res);
+        ema_error("cuMemUnmap(%p, %zu) failed: %s", addr, len, ema__cu_errname(res));
+        return ema__cu_status(res);
     }
     status = EMA_SUCCESS;
     for (size_t off = 0; off < len; off += arena->seg_size) {
-        res = ema_cu.cuMemUnmap((CUdeviceptr)(uintptr_t)((char *)addr + off), arena->seg_size);
+        res = ema__cu.cuMemUnmap((CUdeviceptr)(uintptr_t)((char *)addr + off), arena->seg_size);
         if (res != CUDA_SUCCESS && status == EMA_SUCCESS) {
             ema_error("cuMemUnmap(%p, %zu) failed: %s", (char *)addr + off, arena->seg_size,
-                      ema_cu_errname(res));
-            status = ema_cu_status(res);
+                      ema__cu_errname(res));
+            status = ema__cu_status(res);
         }
     }
     return status;
@@ -692,7 +519,7 @@ static ema_status_t ema_cuda_copy(ema__mem_arena_t *arena, void *dst, const void
     if (res == CUDA_SUCCESS) {
         EMA_CU_CALL(res, cuStreamSynchronize, ca->stream);
     }
-    return ema_cu_status(res);
+    return ema__cu_status(res);
 }
 
 static ema_status_t ema_cuda_copy_start(ema__mem_arena_t *arena, void *dst, const void *src,
@@ -707,7 +534,7 @@ static ema_status_t ema_cuda_copy_start(ema__mem_arena_t *arena, void *dst, cons
     }
     EMA_CU_CALL(res, cuMemcpyAsync, (CUdeviceptr)(uintptr_t)dst,
                 (CUdeviceptr)(uintptr_t)src, len, ca->stream);
-    return ema_cu_status(res);
+    return ema__cu_status(res);
 }
 
 static ema_status_t ema_cuda_copy_wait(ema__mem_arena_t *arena)
@@ -720,7 +547,7 @@ static ema_status_t ema_cuda_copy_wait(ema__mem_arena_t *arena)
         return status;
     }
     EMA_CU_CALL(res, cuStreamSynchronize, ca->stream);
-    return ema_cu_status(res);
+    return ema__cu_status(res);
 }
 
 /* A mark is an event recorded on the copy stream; created per mark (about
@@ -738,12 +565,12 @@ static ema_status_t ema_cuda_copy_mark(ema__mem_arena_t *arena, void **mark_p)
     }
     EMA_CU_CALL(res, cuEventCreate, &ev, CU_EVENT_DISABLE_TIMING);
     if (res != CUDA_SUCCESS) {
-        return ema_cu_status(res);
+        return ema__cu_status(res);
     }
     EMA_CU_CALL(res, cuEventRecord, ev, ca->stream);
     if (res != CUDA_SUCCESS) {
-        ema_cu.cuEventDestroy(ev);
-        return ema_cu_status(res);
+        ema__cu.cuEventDestroy(ev);
+        return ema__cu_status(res);
     }
     *mark_p = ev;
     return EMA_SUCCESS;
@@ -760,9 +587,9 @@ static ema_status_t ema_cuda_copy_wait_mark(ema__mem_arena_t *arena, void *mark)
     }
     if (status == EMA_SUCCESS) {
         EMA_CU_CALL(res, cuEventSynchronize, (CUevent)mark);
-        status = ema_cu_status(res);
+        status = ema__cu_status(res);
     }
-    ema_cu.cuEventDestroy((CUevent)mark);
+    ema__cu.cuEventDestroy((CUevent)mark);
     return status;
 }
 
@@ -778,7 +605,7 @@ const ema__mem_ops_t ema__mem_cuda_ops = {
      * against a 523 us copy; smaller segments lend at a finer grain. */
     .default_segment_size = 128ul << 20,
     .granularity          = EMA_CUDA_GRANULARITY,
-    .usable               = ema_cuda_usable,
+    .usable               = ema__cuda_usable,
     .arena_create         = ema_cuda_arena_create,
     .arena_destroy        = ema_cuda_arena_destroy,
     .prefault             = ema_cuda_prefault,

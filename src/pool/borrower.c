@@ -57,30 +57,110 @@ static int ema_pool_acq_has(ema__pool_t *pool, ema__loc_t loc)
     return found;
 }
 
+typedef struct {
+    int                   src;
+    const ema_pool_msg_t *m;
+    const char           *payload;
+    size_t                plen;
+    int                   ok;
+} ema_pool_grant_arg_t;
+
+typedef struct {
+    ema__pool_t *pool;
+    int          lender;
+    uint32_t     n;
+    uint32_t     segs[];
+} ema_pool_giveback_job_t;
+
+static void ema_pool_giveback(ema__pool_t *pool, int lender, uint32_t count,
+                              const uint32_t *segs);
+
+static void ema_pool_giveback_job(void *arg)
+{
+    ema_pool_giveback_job_t *job = arg;
+    ema_pool_giveback(job->pool, job->lender, job->n, job->segs);
+    free(job);
+}
+
+/* Segments granted to nobody: out of the granted set, and back to the
+ * lender from a quick job (an AM handler must not send). */
+static void ema_pool_giveback_later(ema__pool_t *pool, int lender, const uint32_t *segs,
+                                    uint32_t n)
+{
+    ema_pool_giveback_job_t *job = malloc(sizeof(*job) + n * sizeof(uint32_t));
+    for (uint32_t i = 0; i < n; i++) {
+        ema__loc_t loc = EMA_LOC(lender, EMA_TIER_DEVICE, segs[i]);
+        ema_pool_mapped(pool, &loc, 1);
+    }
+    if (job == NULL) {
+        ema_error("out of memory giving %u segments back to rank %d", n, lender);
+        return;
+    }
+    job->pool   = pool;
+    job->lender = lender;
+    job->n      = n;
+    memcpy(job->segs, segs, n * sizeof(uint32_t));
+    ema__xport_defer(pool->xp, 1, ema_pool_giveback_job, job);
+}
+
+/* Under the waiter table's lock: copy the grant into the waiting borrower. */
+static void ema_pool_grant_cb(void *waiter, const void *arg)
+{
+    ema_pool_waiter_t *w = waiter;
+    ema_pool_grant_arg_t *g = (ema_pool_grant_arg_t *)arg;
+    uint32_t k = g->m->count;
+
+    if (g->plen < (size_t)k * (sizeof(uint32_t) + sizeof(int64_t)) || k > w->want) {
+        k = 0; /* malformed: the borrower sees nothing granted */
+    } else {
+        g->ok = 1;
+    }
+    memcpy(w->segs, g->payload, (size_t)k * sizeof(uint32_t));
+    memcpy(w->handles, g->payload + (size_t)k * sizeof(uint32_t), (size_t)k * sizeof(int64_t));
+    w->count = k;
+    atomic_store(&w->done, 1);
+}
+
 /* A GRANT: wake the borrower waiting for it (ema_pool_borrow_from). */
-void ema__pool_granted(ema__pool_t *pool, int src, const ema_pool_msg_t *mp,
+void ema__pool_granted(ema__pool_t *pool, int src, const ema_pool_msg_t *m,
                        const char *payload, size_t plen)
 {
-    ema_pool_msg_t m = *mp;
-    ema_pool_waiter_t *w = (ema_pool_waiter_t *)(uintptr_t)m.token;
-    uint32_t k = m.count;
-    if (plen < (size_t)k * (sizeof(uint32_t) + sizeof(int64_t)) || k > w->want) {
-        ema_error("malformed grant from rank %d", src);
-        k = 0;
+    ema_pool_grant_arg_t g = {src, m, payload, plen, 0};
+    const uint32_t *segs   = (const uint32_t *)payload;
+    ema_pool_msg_t none;
+
+    /* Tracked from the moment they are ours: a recall of one of them (sent
+     * after this grant) must find it, mapped or about to be.  Before the
+     * waiter wakes: the grow maps them, then drops them from the set. */
+    int wellformed = plen >= (size_t)m->count * (sizeof(uint32_t) + sizeof(int64_t));
+    for (uint32_t i = 0; wellformed && i < m->count; i++) {
+        if (segs[i] >= pool->win->exports[EMA_TIER_DEVICE][src].capacity / pool->win->seg_size) {
+            wellformed = 0;
+        }
     }
-    memcpy(w->segs, payload, (size_t)k * sizeof(uint32_t));
-    memcpy(w->handles, payload + (size_t)k * sizeof(uint32_t), (size_t)k * sizeof(int64_t));
-    w->count = k;
-    /* Tracked from the moment they are ours: a recall of one of them
-     * (sent after this grant) must find it, mapped or about to be. */
-    for (uint32_t i = 0; i < k; i++) {
-        ema__loc_t loc = EMA_LOC(src, EMA_TIER_DEVICE, w->segs[i]);
-        ema_pool_acq_add(pool, &loc, 1);
-        ema_trace("granted segment %u by rank %d", w->segs[i], src);
+    if (!wellformed) {
+        ema_error("malformed grant from rank %d: dropped", src);
+        memset(&none, 0, sizeof(none));
+        g.plen = 0; /* wakes the borrower with nothing granted */
+        g.m    = &none;
+    } else {
+        for (uint32_t i = 0; i < m->count; i++) {
+            ema__loc_t loc = EMA_LOC(src, EMA_TIER_DEVICE, segs[i]);
+            ema_pool_acq_add(pool, &loc, 1);
+            ema_trace("granted segment %u by rank %d", segs[i], src);
+        }
     }
-    atomic_store(&pool->peer_lendable[src], m.left);
-    atomic_store(&w->done, 1);
+    atomic_store(&pool->peer_lendable[src], m->left);
+    if (!ema__xport_waiter_call(pool->xp, m->token, ema_pool_grant_cb, &g) || !g.ok) {
+        if (wellformed && m->count > 0) {
+            /* nobody wants them (no waiter, or more than it asked for):
+             * give them straight back rather than leak the lender's memory */
+            ema_error("grant of %u segments from rank %d for no waiting borrow: given back",
+                      m->count, src);
+            ema_pool_giveback_later(pool, src, segs, m->count);
+        }
     }
+}
 
 /* Ask @lender for up to @want segments; returns how many it granted. */
 static uint32_t ema_pool_borrow_from(ema__pool_t *pool, int lender, uint32_t want,
@@ -97,11 +177,14 @@ static uint32_t ema_pool_borrow_from(ema__pool_t *pool, int lender, uint32_t wan
     memset(&m, 0, sizeof(m));
     m.type  = EMA_POOL_MSG_BORROW;
     m.count = want;
-    m.token = (uint64_t)(uintptr_t)&w;
-    if (ema__pool_send(pool, lender, &m, NULL, 0) != EMA_SUCCESS) {
+    m.token = ema__xport_waiter_add(pool->xp, &w);
+    if (m.token == 0) {
         return 0;
     }
-    ema__win_wait_flag(pool->win, &w.done, 1);
+    if (ema__pool_send(pool, lender, &m, NULL, 0) == EMA_SUCCESS) {
+        ema__win_wait_flag(pool->win, &w.done, 1);
+    }
+    ema__xport_waiter_del(pool->xp, m.token);
     return w.count;
 }
 

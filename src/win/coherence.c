@@ -43,7 +43,7 @@ typedef struct {
     uint32_t nsegs;
     uint64_t version;
     uint64_t size;
-    uint64_t token; /* the waiter's address, echoed back */
+    uint64_t token; /* the waiter's id (xport/waiter.c), echoed back */
     /* AMO: address, operand, swap value; AMO_REP: arg[0] the old value,
      * first the status */
     uint64_t arg[3];
@@ -68,6 +68,27 @@ static ema_status_t ema_win_send(ema__win_ctx_t *ctx, int peer, const ema_win_ms
 {
     return ema__xport_am_send(ctx->xp, peer, EMA_AM_WIN, msg, sizeof(*msg), locs,
                               (size_t)nlocs * sizeof(*locs));
+}
+
+/* A reply reaches its waiter: an AMO_REP's result (@m) copied in, and done
+ * counted, under the waiter table's lock (the waiter may not outlive it). */
+static void ema_win_reply_cb(void *waiter, const void *arg)
+{
+    ema_win_waiter_t *w    = waiter;
+    const ema_win_msg_t *m = arg;
+    if (m != NULL) {
+        w->value  = m->arg[0];
+        w->status = (int32_t)m->first;
+    }
+    atomic_fetch_add(&w->done, 1);
+}
+
+static void ema_win_reply(ema__win_ctx_t *ctx, int src, uint64_t token, const ema_win_msg_t *m)
+{
+    if (!ema__xport_waiter_call(ctx->xp, token, ema_win_reply_cb, m)) {
+        ema_error("reply from rank %d for no waiting request (id %#" PRIx64 "): dropped", src,
+                  token);
+    }
 }
 
 /* Snapshot of the own part's locations [first, first+count). */
@@ -134,17 +155,22 @@ ema_status_t ema__win_amo(ema__win_ctx_t *ctx, int holder, int tier, uint64_t ra
     m.type   = EMA_WIN_MSG_AMO;
     m.first  = (uint32_t)tier;
     m.count  = (uint32_t)cswap;
-    m.token  = (uint64_t)(uintptr_t)&w;
+    m.token  = ema__xport_waiter_add(ctx->xp, &w);
     m.arg[0] = raddr;
     m.arg[1] = operand;
     m.arg[2] = swap;
+    if (m.token == 0) {
+        return EMA_ERR_NO_MEMORY;
+    }
     status = ema_win_send(ctx, holder, &m, NULL, 0);
     if (status != EMA_SUCCESS) {
+        ema__xport_waiter_del(ctx->xp, m.token);
         return status;
     }
     ema_win_in_amo++;
     ema__win_wait_flag(ctx, &w.done, 1);
     ema_win_in_amo--;
+    ema__xport_waiter_del(ctx->xp, m.token);
     *old = w.value;
     return (ema_status_t)w.status;
 }
@@ -222,7 +248,7 @@ static void ema_win_am(void *arg, int src, const void *data, size_t len)
 
     switch (m.type) {
     case EMA_WIN_MSG_ACK:
-        atomic_fetch_add(&((ema_win_waiter_t *)(uintptr_t)m.token)->done, 1);
+        ema_win_reply(ctx, src, m.token, NULL);
         break;
     case EMA_WIN_MSG_UPDATE:
     case EMA_WIN_MSG_TABLE_REP: {
@@ -234,17 +260,13 @@ static void ema_win_am(void *arg, int src, const void *data, size_t len)
             ema__win_apply_update(win, m.part, m.version, m.size, m.nsegs, 0, 0, NULL);
         }
         if (m.type == EMA_WIN_MSG_TABLE_REP) {
-            atomic_fetch_add(&((ema_win_waiter_t *)(uintptr_t)m.token)->done, 1);
+            ema_win_reply(ctx, src, m.token, NULL);
         }
         break;
     }
-    case EMA_WIN_MSG_AMO_REP: {
-        ema_win_waiter_t *w = (ema_win_waiter_t *)(uintptr_t)m.token;
-        w->value  = m.arg[0];
-        w->status = (int32_t)m.first;
-        atomic_fetch_add(&w->done, 1);
+    case EMA_WIN_MSG_AMO_REP:
+        ema_win_reply(ctx, src, m.token, &m);
         break;
-    }
     case EMA_WIN_MSG_INVAL:
     case EMA_WIN_MSG_AMO:
     case EMA_WIN_MSG_TABLE_REQ: {
@@ -296,7 +318,10 @@ ema_status_t ema__win_invalidate_runs(ema_win_h win, const uint32_t *first,
     m.type   = EMA_WIN_MSG_INVAL;
     m.win_id = win->id;
     m.part   = ctx->rank;
-    m.token  = (uint64_t)(uintptr_t)&w;
+    m.token  = ema__xport_waiter_add(ctx->xp, &w);
+    if (m.token == 0) {
+        return EMA_ERR_NO_MEMORY;
+    }
     /* every message first, then one wait for all the acknowledgements */
     for (uint32_t k = 0; k < nruns && status == EMA_SUCCESS; k++) {
         m.first = first[k];
@@ -316,7 +341,8 @@ ema_status_t ema__win_invalidate_runs(ema_win_h win, const uint32_t *first,
         }
     }
     ema_status_t st = ema__win_inval_local(ctx, win, ctx->rank, 0, 0); /* drain and flush */
-    ema__win_wait_flag(ctx, &w.done, sent); /* w must outlive every reply */
+    ema__win_wait_flag(ctx, &w.done, sent);
+    ema__xport_waiter_del(ctx->xp, m.token);
     return (status == EMA_SUCCESS) ? st : status;
 }
 
@@ -369,11 +395,14 @@ ema_status_t ema__win_fetch(ema_win_h win, int part)
     m.type   = EMA_WIN_MSG_TABLE_REQ;
     m.win_id = win->id;
     m.part   = part;
-    m.token  = (uint64_t)(uintptr_t)&w;
-    ema_status_t status = ema_win_send(ctx, part, &m, NULL, 0);
-    if (status != EMA_SUCCESS) {
-        return status;
+    m.token  = ema__xport_waiter_add(ctx->xp, &w);
+    if (m.token == 0) {
+        return EMA_ERR_NO_MEMORY;
     }
-    ema__win_wait_flag(ctx, &w.done, 1);
-    return EMA_SUCCESS;
+    ema_status_t status = ema_win_send(ctx, part, &m, NULL, 0);
+    if (status == EMA_SUCCESS) {
+        ema__win_wait_flag(ctx, &w.done, 1);
+    }
+    ema__xport_waiter_del(ctx->xp, m.token);
+    return status;
 }

@@ -273,6 +273,7 @@ ema_status_t ema__xport_create(ema__xport_t *xp, int rank, int size)
     xp->idle_mask = ema_xport_idle_mask(size);
     ema__xport_coll_init(xp);
     pthread_mutex_init(&xp->defer_lock, NULL);
+    ema__xport_waiters_init(xp);
     atomic_init(&xp->app_state, 0);
     for (int q = 0; q < 2; q++) {
         xp->defer_head[q] = NULL;
@@ -412,6 +413,7 @@ void ema__xport_destroy(ema__xport_t *xp)
         }
     }
     pthread_mutex_destroy(&xp->defer_lock);
+    ema__xport_waiters_cleanup(xp);
 }
 
 /*

@@ -54,6 +54,24 @@ typedef struct ema__defer {
     struct ema__defer *next;
 } ema__defer_t;
 
+/* The table of live waiters (xport/waiter.c). */
+typedef struct ema__waiter_slot {
+    void     *waiter;    /* NULL: free */
+    uint32_t  gen;       /* of the id last given out for this slot */
+    uint32_t  next_free;
+} ema__waiter_slot_t;
+
+typedef struct ema__waiters {
+    pthread_mutex_t     lock;
+    ema__waiter_slot_t *slots;
+    uint32_t            cap;
+    uint32_t            free; /* first free slot, UINT32_MAX: none */
+} ema__waiters_t;
+
+/* What a reply does to its waiter; runs under the table's lock, so it
+ * must only copy into the waiter and set its flags. */
+typedef void (*ema__waiter_cb)(void *waiter, const void *arg);
+
 typedef struct ema__xport {
     int                 rank;
     int                 size;
@@ -95,6 +113,7 @@ typedef struct ema__xport {
     char             app_pad[64 - sizeof(uint64_t)];
 
     char             transports[256]; /* as UCX reports them, for ema_info */
+    ema__waiters_t   waiters;         /* ids sent in requests, for the replies */
 } ema__xport_t;
 
 /* A registered memory range: the local memh and packed rkey, and for each
@@ -205,6 +224,19 @@ void         ema__xport_free_blobs(ema__xport_t *xp, void **blobs, size_t *lens)
 void         ema__xport_coll_init(ema__xport_t *xp);
 void         ema__xport_coll_am(void *arg, int src, const void *data, size_t len);
 void         ema__xport_coll_cleanup(ema__xport_t *xp);
+
+/* Live waiters (xport/waiter.c): a request sends the id of its waiter,
+ * never its address; the reply's handler reaches the waiter only through
+ * ema__xport_waiter_call, which drops ids that are not live.  add returns
+ * 0 when out of memory (0 is never a valid id); del before the waiter's
+ * memory goes away. */
+void     ema__xport_waiters_init(ema__xport_t *xp);
+void     ema__xport_waiters_cleanup(ema__xport_t *xp);
+uint64_t ema__xport_waiter_add(ema__xport_t *xp, void *waiter);
+void     ema__xport_waiter_del(ema__xport_t *xp, uint64_t id);
+/* Run @cb(waiter, @arg) under the table's lock if @id is live: 1, else 0. */
+int      ema__xport_waiter_call(ema__xport_t *xp, uint64_t id, ema__waiter_cb cb,
+                                const void *arg);
 
 /* Yield the CPU inside a wait loop when nothing progressed: ranks are often
  * oversubscribed on few cores. */

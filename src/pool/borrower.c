@@ -100,7 +100,7 @@ static void ema_pool_giveback_later(ema__pool_t *pool, int lender, const uint32_
     job->lender = lender;
     job->n      = n;
     memcpy(job->segs, segs, n * sizeof(uint32_t));
-    ema__xport_defer(pool->xp, 1, ema_pool_giveback_job, job);
+    ema__xport_defer(pool->xp, EMA_JOB_QUICK, ema_pool_giveback_job, job);
 }
 
 /* Under the waiter table's lock: copy the grant into the waiting borrower. */
@@ -182,7 +182,7 @@ static uint32_t ema_pool_borrow_from(ema__pool_t *pool, int lender, uint32_t wan
         return 0;
     }
     if (ema__pool_send(pool, lender, &m, NULL, 0) == EMA_SUCCESS) {
-        ema__win_wait_flag(pool->win, &w.done, 1);
+        ema__xport_wait_flag(pool->xp, EMA_WAIT_QUICK, &w.done, 1);
     }
     ema__xport_waiter_del(pool->xp, m.token);
     return w.count;
@@ -413,7 +413,7 @@ static void ema_pool_park(ema__pool_t *pool, ema_pool_job_t *job, uint64_t gen)
     }
     pthread_mutex_unlock(&pool->lock);
     if (job != NULL) {
-        ema__xport_defer(pool->xp, 0, ema__pool_recall_job, job);
+        ema__xport_defer(pool->xp, EMA_JOB_LONG, ema__pool_recall_job, job);
     }
 }
 
@@ -426,7 +426,7 @@ void ema__pool_unpark(ema__pool_t *pool)
     pthread_mutex_unlock(&pool->lock);
     while (job != NULL) {
         ema_pool_job_t *next = job->next;
-        ema__xport_defer(pool->xp, 0, ema__pool_recall_job, job);
+        ema__xport_defer(pool->xp, EMA_JOB_LONG, ema__pool_recall_job, job);
         job = next;
     }
 }
@@ -501,7 +501,7 @@ out:
         job->msg.count = retry;
         job->notified  = 1; /* the owner heard of them once */
         if (granted) {
-            ema__xport_defer(pool->xp, 0, ema__pool_recall_job, job);
+            ema__xport_defer(pool->xp, EMA_JOB_LONG, ema__pool_recall_job, job);
         } else {
             ema_pool_park(pool, job, gen);
         }

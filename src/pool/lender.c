@@ -200,14 +200,10 @@ ema_status_t ema__pool_reclaim(ema__pool_t *pool, uint32_t target, uint64_t time
         if (sent >= need && atomic_load(&pool->recall_pending) == 0) {
             break;
         }
-        if (ema__xport_progress(pool->xp) + ema__xport_run_deferred(pool->xp, 1) == 0) {
-            /* A reclaim waits for copies that take milliseconds: leave the
-             * CPU to the borrowers doing them (the machine may have fewer
-             * cores than threads) after a short spin. */
-            if (++idle > 256) {
-                struct timespec ts = {0, 20000};
-                nanosleep(&ts, NULL);
-            }
+        /* A reclaim waits for copies that take milliseconds: it naps when
+         * idle, leaving the CPU to the borrowers doing them. */
+        if (ema__xport_wait_pass(pool->xp, EMA_WAIT_QUICK) == 0) {
+            ema__xport_wait_idle(pool->xp, EMA_WAIT_QUICK | EMA_WAIT_NAP, &idle);
         } else {
             idle = 0;
         }

@@ -72,7 +72,7 @@ void ema__pool_dispatch(void *arg, int src, const void *data, size_t len)
     case EMA_POOL_MSG_GIVEBACK:
         if (plen >= (size_t)m.count * sizeof(uint32_t)) {
             ema__pool_take_back(pool, src, m.count, (const uint32_t *)payload);
-            ema__xport_defer(pool->xp, 1, ema__pool_advertise_job, pool); /* no send here */
+            ema__xport_defer_ref(pool->xp, EMA_JOB_QUICK, ema__pool_advertise_job, pool); /* no send here */
         }
         break;
     case EMA_POOL_MSG_ADVERT:
@@ -104,9 +104,9 @@ void ema__pool_dispatch(void *arg, int src, const void *data, size_t len)
         job->msg      = m;
         memcpy(job->segs, payload, n * sizeof(uint32_t));
         if (m.type == EMA_POOL_MSG_BORROW) {
-            ema__xport_defer(pool->xp, 1, ema__pool_borrow_job, job);
+            ema__xport_defer(pool->xp, EMA_JOB_QUICK, ema__pool_borrow_job, job);
         } else {
-            ema__xport_defer(pool->xp, 0, ema__pool_recall_job, job);
+            ema__xport_defer(pool->xp, EMA_JOB_LONG, ema__pool_recall_job, job);
         }
         break;
     }

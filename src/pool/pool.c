@@ -101,7 +101,7 @@ static void ema_pool_prefault_job(void *arg)
 #endif
     pf->next += n;
     if (pf->next < nsegs) {
-        ema__xport_defer(pool->xp, 0, ema_pool_prefault_job, pf);
+        ema__xport_defer(pool->xp, EMA_JOB_LONG, ema_pool_prefault_job, pf);
     } else {
         free(pf);
     }
@@ -159,7 +159,7 @@ void ema__pool_start(ema__pool_t *pool)
     if (pf != NULL) {
         pf->pool = pool;
         pf->next = 0;
-        ema__xport_defer(pool->xp, 0, ema_pool_prefault_job, pf);
+        ema__xport_defer(pool->xp, EMA_JOB_LONG, ema_pool_prefault_job, pf);
     }
 }
 

@@ -38,7 +38,7 @@ const ema_config_field_t ema__progress_config_table[] = {
 unsigned ema__progress_once(ema__progress_t *pg)
 {
     unsigned n = ema__xport_progress(pg->xp);
-    n += (unsigned)ema__xport_run_deferred(pg->xp, 0);
+    n += (unsigned)ema__xport_run_deferred(pg->xp, EMA_WAIT_LONG);
     return n;
 }
 
@@ -72,7 +72,7 @@ static unsigned ema_progress_thread_once(ema__progress_t *pg)
      * wait (operations that complete in place) progresses nothing, and
      * peers' control messages must not wait for its next wait. */
     if (pg->held && now - pg->progressed < EMA_PROGRESS_FORCE_US) {
-        return (unsigned)ema__xport_run_deferred(xp, 0);
+        return (unsigned)ema__xport_run_deferred(xp, EMA_WAIT_LONG);
     }
     pg->progressed = now;
     return ema__progress_once(pg);

@@ -407,7 +407,7 @@ EMA_EXPORT ema_status_t ema_finalize(void)
     }
     status = ema__xport_flush(&w->xp);
     if (status == EMA_SUCCESS) {
-        status = ema__xport_barrier(&w->xp, 0);
+        status = ema__xport_barrier(&w->xp, EMA_WAIT_QUICK);
     }
     if (w->pool.cfg.stats) {
         ema__pool_print_stats(&w->pool, stderr);
@@ -462,7 +462,8 @@ EMA_EXPORT ema_status_t ema_barrier(void)
     /* Without a progress thread only the application runs migrations;
      * in a barrier it cannot call ema_progress, so the barrier's waits run
      * them (it holds no lock of EMA's here). */
-    return ema__xport_barrier(&ema_world.xp, !ema_world.progress.running);
+    return ema__xport_barrier(&ema_world.xp,
+                              ema_world.progress.running ? EMA_WAIT_QUICK : EMA_WAIT_LONG);
 }
 
 EMA_EXPORT ema_status_t ema_progress(void)

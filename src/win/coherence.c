@@ -168,7 +168,7 @@ ema_status_t ema__win_amo(ema__win_ctx_t *ctx, int holder, int tier, uint64_t ra
         return status;
     }
     ema_win_in_amo++;
-    ema__win_wait_flag(ctx, &w.done, 1);
+    ema__xport_wait_flag(ctx->xp, EMA_WAIT_QUICK, &w.done, 1);
     ema_win_in_amo--;
     ema__xport_waiter_del(ctx->xp, m.token);
     *old = w.value;
@@ -184,7 +184,7 @@ static void ema_win_job(void *arg)
     ema_win_msg_t reply;
 
     if (m->type == EMA_WIN_MSG_INVAL && ema_win_in_amo) {
-        ema__xport_defer(ctx->xp, 1, ema_win_job, job); /* see ema_win_in_amo */
+        ema__xport_defer(ctx->xp, EMA_JOB_QUICK, ema_win_job, job); /* see ema_win_in_amo */
         return;
     }
     ema_win_h win = ema__win_find(ctx, m->win_id);
@@ -281,7 +281,7 @@ static void ema_win_am(void *arg, int src, const void *data, size_t len)
         job->src = src;
         job->len = len;
         job->msg = m;
-        ema__xport_defer(ctx->xp, 1, ema_win_job, job);
+        ema__xport_defer(ctx->xp, EMA_JOB_QUICK, ema_win_job, job);
         break;
     }
     default:
@@ -295,13 +295,6 @@ void ema__win_coherence_init(ema__win_ctx_t *ctx)
     ctx->amo_by_holder = ctx->tier[EMA_TIER_DEVICE]->ops->kind == EMA_MEMORY_KIND_CUDA;
     ctx->put_flush     = ctx->tier[EMA_TIER_DEVICE]->ops->kind == EMA_MEMORY_KIND_CUDA;
     ema__xport_set_am_handler(ctx->xp, EMA_AM_WIN, ema_win_am, ctx);
-}
-
-void ema__win_wait_flag(ema__win_ctx_t *ctx, atomic_int *counter, int target)
-{
-    while (atomic_load(counter) < target) {
-        ema__xport_wait_step(ctx->xp);
-    }
 }
 
 ema_status_t ema__win_invalidate_runs(ema_win_h win, const uint32_t *first,
@@ -341,7 +334,7 @@ ema_status_t ema__win_invalidate_runs(ema_win_h win, const uint32_t *first,
         }
     }
     ema_status_t st = ema__win_inval_local(ctx, win, ctx->rank, 0, 0); /* drain and flush */
-    ema__win_wait_flag(ctx, &w.done, sent);
+    ema__xport_wait_flag(ctx->xp, EMA_WAIT_QUICK, &w.done, sent);
     ema__xport_waiter_del(ctx->xp, m.token);
     return (status == EMA_SUCCESS) ? st : status;
 }
@@ -401,7 +394,7 @@ ema_status_t ema__win_fetch(ema_win_h win, int part)
     }
     ema_status_t status = ema_win_send(ctx, part, &m, NULL, 0);
     if (status == EMA_SUCCESS) {
-        ema__win_wait_flag(ctx, &w.done, 1);
+        ema__xport_wait_flag(ctx->xp, EMA_WAIT_QUICK, &w.done, 1);
     }
     ema__xport_waiter_del(ctx->xp, m.token);
     return status;

@@ -13,6 +13,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+static int ema_win_no_prefetch(void *arg)
+{
+    return atomic_load(&((ema_win_h)arg)->prefetching) == 0;
+}
+
 EMA_EXPORT ema_status_t ema_win_free(ema_win_h win)
 {
     ema_status_t status = ema__win_check_live(win);
@@ -22,9 +27,7 @@ EMA_EXPORT ema_status_t ema_win_free(ema_win_h win)
     ema__win_ctx_t *ctx = win->ctx;
     /* A queued prefetch uses the window: let it run (here too, in case
      * there is no progress thread) before the window goes. */
-    while (atomic_load(&win->prefetching) > 0) {
-        ema__xport_wait_step_long(ctx->xp);
-    }
+    ema__xport_wait_until(ctx->xp, EMA_WAIT_LONG, 0, ema_win_no_prefetch, win);
     status = ema__win_free(ctx, win);
     if (status == EMA_SUCCESS) {
         /* recalls of its segments end; our memory is free again */
@@ -261,6 +264,12 @@ EMA_EXPORT ema_status_t ema_win_set_reclaim_cb(ema_win_h win, ema_reclaim_cb cb,
     return EMA_SUCCESS;
 }
 
+/* The segment's location is not MOVING. */
+static int ema_win_settled(void *arg)
+{
+    return !(atomic_load((_Atomic ema__loc_t *)arg) & EMA_LOC_MOVING);
+}
+
 static ema_status_t ema_win_hold(ema_win_h win, size_t offset, size_t len, int delta)
 {
     ema_status_t status = ema__win_check_live(win);
@@ -290,9 +299,8 @@ static ema_status_t ema_win_hold(ema_win_h win, size_t offset, size_t len, int d
          * both sides), so one of the two always sees the other. */
         while (delta > 0 && (atomic_load(&part->loc[i]) & EMA_LOC_MOVING)) {
             atomic_fetch_sub(&win->held[i], 1);
-            while (atomic_load(&part->loc[i]) & EMA_LOC_MOVING) {
-                ema__xport_wait_step(win->ctx->xp);
-            }
+            ema__xport_wait_until(win->ctx->xp, EMA_WAIT_QUICK, 0, ema_win_settled,
+                                  &part->loc[i]);
             atomic_fetch_add(&win->held[i], 1);
         }
     }
@@ -356,7 +364,7 @@ EMA_EXPORT ema_status_t ema_win_prefetch(ema_win_h win, size_t offset, size_t le
     job->first = (uint32_t)(offset / seg);
     job->last  = (uint32_t)((offset + len - 1) / seg);
     atomic_fetch_add(&win->prefetching, 1);
-    ema__xport_defer(win->ctx->xp, 0, ema_win_prefetch_job, job);
+    ema__xport_defer(win->ctx->xp, EMA_JOB_LONG, ema_win_prefetch_job, job);
     return EMA_SUCCESS;
 }
 

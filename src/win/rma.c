@@ -116,7 +116,7 @@ static inline void ema_rma_issued(ema__win_ctx_t *ctx, int trank, int ep)
 static int ema_rma_wait_moving(ema__win_ctx_t *ctx, int ep)
 {
     ema_rma_leave(ctx, ep);
-    ema__xport_wait_step(ctx->xp);
+    ema__xport_wait_step(ctx->xp, EMA_WAIT_QUICK);
     return ema_rma_in(ctx);
 }
 
@@ -481,6 +481,20 @@ EMA_EXPORT ema_status_t ema_test(ema_request_h req)
     return status;
 }
 
+/* A wait for a request: ema_req_poll releases it once complete, so its
+ * status is kept here. */
+typedef struct {
+    ema_request_h req;
+    ema_status_t  status;
+} ema_req_wait_t;
+
+static int ema_req_finished(void *arg)
+{
+    ema_req_wait_t *w = arg;
+    w->status = ema_req_poll(w->req);
+    return w->status != EMA_INPROGRESS;
+}
+
 EMA_EXPORT ema_status_t ema_wait(ema_request_h req)
 {
     ema_status_t status = ema_req_check(req);
@@ -491,14 +505,11 @@ EMA_EXPORT ema_status_t ema_wait(ema_request_h req)
     if ((status = ema_req_poll(req)) != EMA_INPROGRESS) {
         return status;
     }
+    ema_req_wait_t w = {req, EMA_INPROGRESS};
     ema__xport_app_enter(xp);
-    while ((status = ema_req_poll(req)) == EMA_INPROGRESS) {
-        if (ema__xport_progress(xp) == 0) {
-            ema__xport_idle(xp);
-        }
-    }
+    ema__xport_wait_until(xp, EMA_WAIT_XPORT, 0, ema_req_finished, &w);
     ema__xport_app_leave(xp);
-    return status;
+    return w.status;
 }
 
 EMA_EXPORT ema_status_t ema_win_flush(ema_win_h win, int rank)

@@ -250,6 +250,12 @@ ema_status_t ema__win_seg_move_batch(ema_win_h win, const uint32_t *idx, const e
     return (status == EMA_SUCCESS) ? setup : status;
 }
 
+/* No issue of the old epoch is in flight any more. */
+static int ema_win_drained(void *arg)
+{
+    return atomic_load((atomic_int *)arg) == 0;
+}
+
 ema_status_t ema__win_inval_local(ema__win_ctx_t *ctx, ema_win_h win, int part, uint32_t first,
                                   uint32_t count)
 {
@@ -269,9 +275,7 @@ ema_status_t ema__win_inval_local(ema__win_ctx_t *ctx, ema_win_h win, int part, 
      * the count is 0 and the flush is done, no operation to the old
      * location remains. */
     int old = atomic_fetch_xor(&ctx->epoch, 1) & 1;
-    while (atomic_load(&ctx->inflight[old]) > 0) {
-        ema__xport_idle(ctx->xp);
-    }
+    ema__xport_wait_until(ctx->xp, EMA_WAIT_NONE, 0, ema_win_drained, &ctx->inflight[old]);
     return ema__xport_flush(ctx->xp);
 }
 

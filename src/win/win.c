@@ -347,7 +347,7 @@ exchange:
      * is still between the allgather and the list above: it would drop the
      * update and acknowledge the invalidation of a window it does not know,
      * and then read through a stale table (wrong bytes). */
-    status = ema__xport_barrier(ctx->xp, 0);
+    status = ema__xport_barrier(ctx->xp, EMA_WAIT_QUICK);
     if (status != EMA_SUCCESS) {
         ema_error("ema_win_allocate: the closing barrier failed: %s", ema_strerror(status));
         pthread_mutex_lock(&ctx->lock);
@@ -402,7 +402,7 @@ ema_status_t ema__win_free(ema__win_ctx_t *ctx, ema_win_h win)
     if (status != EMA_SUCCESS) {
         return status;
     }
-    status = ema__xport_barrier(ctx->xp, 0);
+    status = ema__xport_barrier(ctx->xp, EMA_WAIT_QUICK);
     if (status != EMA_SUCCESS) {
         return status;
     }
@@ -456,5 +456,5 @@ ema_status_t ema__win_free(ema__win_ctx_t *ctx, ema_win_h win)
      * memory only) finds it free instead of failing with EMA_ERR_NO_MEMORY.
      * A third rank's borrow right after may still meet it as lent for a
      * moment, and then borrows elsewhere. */
-    return ema__xport_barrier(ctx->xp, 0);
+    return ema__xport_barrier(ctx->xp, EMA_WAIT_QUICK);
 }

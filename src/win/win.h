@@ -291,9 +291,6 @@ ema_status_t ema__win_publish(ema_win_h win, uint32_t first, uint32_t count);
 /* Fetch @part's table from its owner, when an offset falls past the cached
  * size.  Blocking; from application threads only. */
 ema_status_t ema__win_fetch(ema_win_h win, int part);
-/* Wait, progressing, until *flag becomes nonzero.  Runs quick deferred work
- * so two ranks waiting on each other's acknowledgements cannot deadlock. */
-void         ema__win_wait_flag(ema__win_ctx_t *ctx, atomic_int *counter, int target);
 /* A 64-bit fetch-and-add (@cswap 0) or compare-and-swap (@cswap 1: swap in
  * @swap where the word equals @operand) on the word at @raddr of rank
  * @holder's tier @tier, performed by @holder itself; *@old gets the value

@@ -78,7 +78,7 @@ void ema__xport_coll_cleanup(ema__xport_t *xp)
 }
 
 static ema_status_t ema_xport_allgather(ema__xport_t *xp, const void *blob, size_t len,
-                                        void ***blobs_p, size_t **lens_p, int long_jobs)
+                                        void ***blobs_p, size_t **lens_p, unsigned mode)
 {
     void **blobs  = calloc((size_t)xp->size, sizeof(void *));
     size_t *lens  = calloc((size_t)xp->size, sizeof(size_t));
@@ -122,11 +122,7 @@ static ema_status_t ema_xport_allgather(ema__xport_t *xp, const void *blob, size
         if (done || xp->size == 1) {
             break;
         }
-        if (long_jobs) {
-            ema__xport_wait_step_long(xp);
-        } else {
-            ema__xport_wait_step(xp);
-        }
+        ema__xport_wait_step(xp, mode);
     }
     blobs[xp->rank] = mine;
     lens[xp->rank]  = len;
@@ -144,7 +140,7 @@ err:
 ema_status_t ema__xport_allgather(ema__xport_t *xp, const void *blob, size_t len,
                                   void ***blobs_p, size_t **lens_p)
 {
-    return ema_xport_allgather(xp, blob, len, blobs_p, lens_p, 0);
+    return ema_xport_allgather(xp, blob, len, blobs_p, lens_p, EMA_WAIT_QUICK);
 }
 
 void ema__xport_free_blobs(ema__xport_t *xp, void **blobs, size_t *lens)
@@ -156,11 +152,11 @@ void ema__xport_free_blobs(ema__xport_t *xp, void **blobs, size_t *lens)
     free(lens);
 }
 
-ema_status_t ema__xport_barrier(ema__xport_t *xp, int long_jobs)
+ema_status_t ema__xport_barrier(ema__xport_t *xp, unsigned mode)
 {
     void **blobs;
     size_t *lens;
-    ema_status_t status = ema_xport_allgather(xp, NULL, 0, &blobs, &lens, long_jobs);
+    ema_status_t status = ema_xport_allgather(xp, NULL, 0, &blobs, &lens, mode);
     if (status == EMA_SUCCESS) {
         ema__xport_free_blobs(xp, blobs, lens);
     }

@@ -51,8 +51,33 @@ typedef struct ema__coll_slot {
 typedef struct ema__defer {
     ema__defer_cb      cb;
     void              *arg;
+    int                owned; /* arg is malloc'ed: freed if dropped at teardown */
     struct ema__defer *next;
 } ema__defer_t;
+
+/* Deferred jobs (xport/sched.c): quick ones answer a peer and wait on
+ * nothing remote; long ones (migrations) wait on peers. */
+enum {
+    EMA_JOB_QUICK = 0,
+    EMA_JOB_LONG  = 1
+};
+
+/* Wait modes (xport/sched.c): what a waiting thread runs while it waits. */
+enum {
+    EMA_WAIT_NONE      = 0,   /* nothing: a local condition (in-flight counts) */
+    EMA_WAIT_XPORT     = 1,   /* the UCX worker (its own UCX request) */
+    EMA_WAIT_QUICK     = 2,   /* the worker and quick jobs: holds a lock of EMA's */
+    EMA_WAIT_LONG      = 3,   /* and one long job per pass: holds no lock of EMA's */
+    EMA_WAIT_MODE_MASK = 0xf,
+    EMA_WAIT_NAP       = 0x10 /* a wait of milliseconds: sleep when idle */
+};
+
+/* A condition waited for; the flag form is the common one. */
+typedef int (*ema__wait_cond_cb)(void *arg);
+typedef struct {
+    atomic_int *counter;
+    int         target;
+} ema__wait_flag_t;
 
 /* The table of live waiters (xport/waiter.c). */
 typedef struct ema__waiter_slot {
@@ -176,14 +201,27 @@ void ema__xport_set_am_handler(ema__xport_t *xp, unsigned id, ema__am_handler_cb
 ema_status_t ema__xport_am_send(ema__xport_t *xp, int peer, unsigned id, const void *hdr,
                                 size_t hdr_len, const void *data, size_t len);
 
-/* One step of a wait that must not stall peers: progress the worker and run
- * quick deferred work (answering invalidations, borrows, table requests);
- * yield now and then when there was nothing to do. */
-void ema__xport_wait_step(ema__xport_t *xp);
-/* The same, and one long deferred job (a migration: a lender's recall, a
- * prefetch) per step, for a wait that holds no lock of EMA's.  The long
- * job's own waits are plain wait steps. */
-void ema__xport_wait_step_long(ema__xport_t *xp);
+/* --- the wait primitive (xport/sched.c): every wait in EMA goes here ----- */
+
+/* Wait until @cond(@arg) holds, running what @mode says (EMA_WAIT_*) in
+ * each pass; EMA_ERR_TIMEOUT once ema__now_us() passes @deadline_us (0:
+ * no deadline).  A long job's own waits use EMA_WAIT_QUICK. */
+ema_status_t ema__xport_wait_until(ema__xport_t *xp, unsigned mode, double deadline_us,
+                                   ema__wait_cond_cb cond, void *arg);
+/* The same until *@counter >= @target, with no deadline. */
+void         ema__xport_wait_flag(ema__xport_t *xp, unsigned mode, atomic_int *counter,
+                                  int target);
+/* One pass of a wait of @mode, then the idle policy if nothing happened:
+ * for loops whose condition cannot be a callback. */
+void         ema__xport_wait_step(ema__xport_t *xp, unsigned mode);
+/* One pass: what it progressed and ran (0: nothing), no idling. */
+unsigned     ema__xport_wait_pass(ema__xport_t *xp, unsigned mode);
+/* The waiters' idle policy after an empty pass: yield now and then (see
+ * ema__xport_idle), or with EMA_WAIT_NAP sleep once @idle empty passes
+ * pile up; *@idle counts them (reset it after a pass that did something). */
+void         ema__xport_wait_idle(ema__xport_t *xp, unsigned mode, unsigned *idle);
+void         ema__xport_sched_init(ema__xport_t *xp);
+void         ema__xport_sched_cleanup(ema__xport_t *xp);
 
 ema_status_t ema__xport_mr_register(ema__xport_t *xp, void *addr, size_t len, size_t unit,
                                     int cuda, ema__xport_mr_t *mr);
@@ -197,12 +235,15 @@ static inline unsigned ema__xport_progress(ema__xport_t *xp)
     return ucp_worker_progress(xp->worker);
 }
 
-/* Run queued deferred work (quick jobs, then long ones unless quick_only);
- * returns how many items ran. */
-int  ema__xport_run_deferred(ema__xport_t *xp, int quick_only);
-/* Queue @cb(@arg) to run outside UCX callbacks.  Quick jobs must not wait
- * on remote peers. */
-void ema__xport_defer(ema__xport_t *xp, int quick, ema__defer_cb cb, void *arg);
+/* Run queued deferred work: the quick jobs queued now, and with
+ * EMA_WAIT_LONG one long job; returns how many ran. */
+int  ema__xport_run_deferred(ema__xport_t *xp, unsigned mode);
+/* Queue @cb(@arg) (EMA_JOB_QUICK or _LONG) to run outside UCX callbacks;
+ * @arg is malloc'ed and freed if the job is dropped at teardown.  Quick
+ * jobs must not wait on remote peers. */
+void ema__xport_defer(ema__xport_t *xp, unsigned kind, ema__defer_cb cb, void *arg);
+/* The same for an @arg the job does not own (never freed here). */
+void ema__xport_defer_ref(ema__xport_t *xp, unsigned kind, ema__defer_cb cb, void *arg);
 
 /* Wait for a UCX request to complete (progressing), free it, map the status. */
 ema_status_t ema__xport_wait(ema__xport_t *xp, ucs_status_ptr_t sp, const char *what);
@@ -211,11 +252,10 @@ ema_status_t ema__xport_status(ucs_status_t status);
 ema_status_t ema__xport_flush_ep(ema__xport_t *xp, int peer);
 ema_status_t ema__xport_flush(ema__xport_t *xp);
 
-/* Collectives over active messages (xport/coll.c).  A barrier with
- * @long_jobs waits with ema__xport_wait_step_long: for a caller that holds
- * no lock of EMA's, in a world whose long jobs nothing else runs (no
- * progress thread: ema_barrier). */
-ema_status_t ema__xport_barrier(ema__xport_t *xp, int long_jobs);
+/* Collectives over active messages (xport/coll.c).  A barrier waits in
+ * @mode: EMA_WAIT_LONG for a caller that holds no lock of EMA's, in a world
+ * whose long jobs nothing else runs (no progress thread: ema_barrier). */
+ema_status_t ema__xport_barrier(ema__xport_t *xp, unsigned mode);
 /* Every rank contributes one blob; *blobs_p and *lens_p are arrays of size
  * (free with ema__xport_free_blobs). */
 ema_status_t ema__xport_allgather(ema__xport_t *xp, const void *blob, size_t len,
@@ -241,5 +281,9 @@ int      ema__xport_waiter_call(ema__xport_t *xp, uint64_t id, ema__waiter_cb cb
 /* Yield the CPU inside a wait loop when nothing progressed: ranks are often
  * oversubscribed on few cores. */
 void ema__xport_idle(ema__xport_t *xp);
+/* How often ema__xport_idle yields, from the cores and the ranks. */
+unsigned ema__xport_idle_mask(int size);
+/* The handler table's cells, one per AM id (xport/am.c). */
+extern ema__xport_t *ema__xport_am_self[EMA_AM_MAX];
 
 #endif

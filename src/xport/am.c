@@ -1,0 +1,140 @@
+/*
+ * Active messages and UCX requests: the one prologue every control message
+ * goes through (its id, the sender's rank from the UCP header, whole and
+ * eager), sending with a wait for local completion, and flushes.
+ */
+#include "xport.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Every AM carries the sender's rank as its UCP header.  The handler's arg is
+ * the address of this id's cell in ema__xport_am_self, which gives both the id
+ * and the xport. */
+ema__xport_t *ema__xport_am_self[EMA_AM_MAX];
+
+__thread unsigned ema__xport_app_depth;
+
+static ucs_status_t ema_xport_am_cb(void *arg, const void *header, size_t header_length,
+                                    void *data, size_t length, const ucp_am_recv_param_t *param)
+{
+    ema__xport_t **cell = arg;
+    ema__xport_t *xp    = *cell;
+    unsigned id         = (unsigned)(cell - ema__xport_am_self);
+    int32_t src;
+
+    if (header_length != sizeof(src) || (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)) {
+        /* Control traffic is always sent eager; anything else is a bug. */
+        ema_error("unexpected active message (header %zu bytes, flags 0x%lx) on id %u",
+                  header_length, (unsigned long)param->recv_attr, id);
+        return UCS_OK;
+    }
+    memcpy(&src, header, sizeof(src));
+    if (xp != NULL && (src < 0 || src >= xp->size)) {
+        ema_error("active message on id %u from rank %d, not in the world of %d: dropped", id,
+                  src, xp->size);
+        return UCS_OK;
+    }
+    if (xp != NULL && xp->am[id].cb != NULL) {
+        xp->am[id].cb(xp->am[id].arg, src, data, length);
+    }
+    return UCS_OK;
+}
+
+void ema__xport_set_am_handler(ema__xport_t *xp, unsigned id, ema__am_handler_cb cb, void *arg)
+{
+    ucp_am_handler_param_t p;
+
+    xp->am[id].cb  = cb;
+    xp->am[id].arg = arg;
+    ema__xport_am_self[id] = xp;
+
+    memset(&p, 0, sizeof(p));
+    p.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
+                   UCP_AM_HANDLER_PARAM_FIELD_ARG | UCP_AM_HANDLER_PARAM_FIELD_FLAGS;
+    p.id    = id;
+    p.cb    = ema_xport_am_cb;
+    p.arg   = &ema__xport_am_self[id];
+    p.flags = UCP_AM_FLAG_WHOLE_MSG;
+    ucp_worker_set_am_recv_handler(xp->worker, &p);
+}
+
+static void ema_xport_send_cb(void *request, ucs_status_t status, void *user_data)
+{
+}
+
+static int ema_xport_request_done(void *arg)
+{
+    return ucp_request_check_status(arg) != UCS_INPROGRESS;
+}
+
+ema_status_t ema__xport_wait(ema__xport_t *xp, ucs_status_ptr_t sp, const char *what)
+{
+    ucs_status_t status;
+
+    if (sp == NULL) {
+        return EMA_SUCCESS;
+    }
+    if (UCS_PTR_IS_ERR(sp)) {
+        status = UCS_PTR_STATUS(sp);
+        ema_error("%s failed: %s", what, ucs_status_string(status));
+        return ema__xport_status(status);
+    }
+    ema__xport_app_enter(xp);
+    ema__xport_wait_until(xp, EMA_WAIT_XPORT, 0, ema_xport_request_done, sp);
+    status = ucp_request_check_status(sp);
+    ema__xport_app_leave(xp);
+    ucp_request_free(sp);
+    if (status != UCS_OK) {
+        ema_error("%s failed: %s", what, ucs_status_string(status));
+        return ema__xport_status(status);
+    }
+    return EMA_SUCCESS;
+}
+
+ema_status_t ema__xport_am_send(ema__xport_t *xp, int peer, unsigned id, const void *hdr,
+                                size_t hdr_len, const void *data, size_t len)
+{
+    int32_t src = xp->rank;
+    ucp_request_param_t param;
+    ucp_dt_iov_t iov[2] = {{(void *)hdr, hdr_len}, {(void *)data, len}};
+
+    /* The two parts go as one gathered message: the receiver sees them
+     * contiguous (UCP_AM_FLAG_WHOLE_MSG), with no copy into a bounce buffer
+     * here.  The UCP header, our rank, lives on our stack: we wait. */
+    param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_CALLBACK |
+                         UCP_OP_ATTR_FIELD_DATATYPE;
+    param.flags        = UCP_AM_SEND_FLAG_EAGER;
+    param.cb.send      = ema_xport_send_cb;
+    param.datatype     = ucp_dt_make_iov();
+    ucs_status_ptr_t sp = ucp_am_send_nbx(xp->eps[peer], id, &src, sizeof(src), iov,
+                                          (len > 0) ? 2 : 1, &param);
+    return ema__xport_wait(xp, sp, "ucp_am_send_nbx");
+}
+
+ema_status_t ema__xport_flush_ep(ema__xport_t *xp, int peer)
+{
+    ucp_request_param_t param;
+    param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK;
+    param.cb.send      = ema_xport_send_cb;
+    /* held from the issue on: the flush takes the worker's lock too */
+    ema__xport_app_enter(xp);
+    ema_status_t status = ema__xport_wait(xp, ucp_ep_flush_nbx(xp->eps[peer], &param),
+                                          "ucp_ep_flush_nbx");
+    ema__xport_app_leave(xp);
+    return status;
+}
+
+ema_status_t ema__xport_flush(ema__xport_t *xp)
+{
+    ucp_request_param_t param;
+    param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK;
+    param.cb.send      = ema_xport_send_cb;
+    ema__xport_app_enter(xp);
+    ema_status_t status = ema__xport_wait(xp, ucp_worker_flush_nbx(xp->worker, &param),
+                                          "ucp_worker_flush_nbx");
+    ema__xport_app_leave(xp);
+    return status;
+}
+

@@ -234,13 +234,29 @@ ema_status_t ema__win_allocate(ema__win_ctx_t *ctx, ema_status_t arg, size_t siz
     size_t *lens = NULL, desc_len;
     int taken = 0;
 
-    if (arg != EMA_SUCCESS) {
-        size = max_size = 0; /* take nothing; only tell the others */
-    } else if (params != NULL && (params->field_mask & EMA_WIN_PARAM_FIELD_MAX_SIZE)) {
+    int has_max = params != NULL && (params->field_mask & EMA_WIN_PARAM_FIELD_MAX_SIZE);
+    if (arg == EMA_SUCCESS && has_max) {
         max_size = params->max_size;
     }
-    nsegs    = (uint32_t)((size + seg - 1) / seg);
-    max_segs = (uint32_t)((max_size + seg - 1) / seg);
+    /* A part's segment counts and indexes are 32-bit wherever it is walked:
+     * its tables, ema__loc_t, and the (uint32_t)(offset / seg) of grow,
+     * shrink, acquire and prefetch (elastic.c), whose offsets are checked
+     * against the part's size, at most max_size.  Refusing a part of more
+     * than EMA_WIN_MAX_SEGS segments here keeps every one of those in
+     * range, and the tables below affordable (8 bytes a segment on every
+     * rank).  max_size >= size (api.c), so this bounds nsegs too. */
+    if (arg == EMA_SUCCESS && max_size / seg + (max_size % seg != 0) > EMA_WIN_MAX_SEGS) {
+        ema_error("ema_win_allocate: %s %zu is %zu segments of %zu bytes, more than the %u a "
+                  "window part may have (a larger EMA_SEGMENT_SIZE allows more)",
+                  has_max ? "max_size" : "size", max_size,
+                  max_size / seg + (max_size % seg != 0), seg, (unsigned)EMA_WIN_MAX_SEGS);
+        arg = EMA_ERR_INVALID_PARAM;
+    }
+    if (arg != EMA_SUCCESS) {
+        size = max_size = 0; /* take nothing; only tell the others */
+    }
+    nsegs    = (uint32_t)(size / seg + (size % seg != 0)); /* <= EMA_WIN_MAX_SEGS */
+    max_segs = (uint32_t)(max_size / seg + (max_size % seg != 0));
     desc_len = sizeof(*desc) + sizeof(ema__loc_t) * nsegs;
 
     win  = calloc(1, sizeof(*win));

@@ -28,6 +28,13 @@
 #define EMA_WIN_MAGIC      0x454d4157u /* "EMAW" */
 #define EMA_WIN_MAGIC_DEAD 0x44454144u /* "DEAD" */
 
+/* The most segments a window part may have: 2^28, so max_size up to 512T
+ * with 2 MiB segments and 1T with 4 KiB ones.  Every count and index of a
+ * part fits a uint32_t with room to spare (sums of two cannot wrap), and its
+ * table costs at most 2 GiB of address space on each rank.  ema_win_allocate
+ * refuses more, with EMA_ERR_INVALID_PARAM. */
+#define EMA_WIN_MAX_SEGS (1u << 28)
+
 /* Memory tiers a segment can live in. */
 enum {
     EMA_TIER_DEVICE = 0, /* a rank's arena (its "GPU") */

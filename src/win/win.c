@@ -79,7 +79,9 @@ ema_status_t ema__win_ctx_blob(ema__win_ctx_t *ctx, void **blob_p, size_t *len_p
         p += sizeof(ema__mem_export_t);
         memcpy(p, &rlen, sizeof(rlen));
         p += sizeof(rlen);
-        memcpy(p, ctx->mr[t].rkey_buf, rlen);
+        if (rlen > 0) { /* no spill tier (EMA_SPILL=none): no key, rkey_buf NULL */
+            memcpy(p, ctx->mr[t].rkey_buf, rlen);
+        }
         p += rlen;
     }
     *blob_p = blob;

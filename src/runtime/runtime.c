@@ -184,7 +184,7 @@ static ema_status_t ema_check_params(const ema_init_params_t *params)
  * a rank's memory of more than EMA_MEM_MAX_SEGS segments (the pool counts
  * them in 32 bits), and a host-kind memory larger than the machine's.  The
  * check is per rank against the whole machine (or its cgroup's limit); the
- * ranks' sum is checked once every rank's is known (win layer, at connect).
+ * ranks' sum once every rank's is known (ema__win_ctx_check, in ema_modex).
  * The spill tier is address space until a window spills into it, never
  * faulted in ahead, so only its segment count is checked.
  */
@@ -277,7 +277,12 @@ static ema_status_t ema_modex(ema__world_t *w)
         wblobs[r] = (char *)blobs[r] + sizeof(alen) + alen;
         wlens[r]  = lens[r] - sizeof(alen) - alen;
     }
-    status = ema__xport_connect(&w->xp, addrs);
+    /* settings that must agree first, while no rank has connected: then
+     * every rank fails alike, and none fails connecting to one gone */
+    status = ema__win_ctx_check(&w->win, wblobs, wlens);
+    if (status == EMA_SUCCESS) {
+        status = ema__xport_connect(&w->xp, addrs);
+    }
     if (status == EMA_SUCCESS) {
         status = ema__win_ctx_connect(&w->win, wblobs, wlens);
     }

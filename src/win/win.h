@@ -197,6 +197,12 @@ ema_status_t ema__win_ctx_init(ema__win_ctx_t *ctx, ema__xport_t *xp, ema__mem_a
                                ema__mem_arena_t *spill, int rank, int size);
 /* The blob this rank contributes to the modex: exports + packed rkeys. */
 ema_status_t ema__win_ctx_blob(ema__win_ctx_t *ctx, void **blob_p, size_t *len_p);
+/* Check every rank's blob against this rank's settings: the memory kind,
+ * EMA_SEGMENT_SIZE and EMA_SPILL must agree (EMA_ERR_INVALID_PARAM), and
+ * host-kind memories must fit the machine together (EMA_ERR_NO_MEMORY).
+ * Every rank reaches the same verdict; call it before connecting anything,
+ * then ema__win_ctx_connect. */
+ema_status_t ema__win_ctx_check(ema__win_ctx_t *ctx, void *const *blobs, const size_t *lens);
 /* Complete the setup once every rank's exports and rkeys are known. */
 ema_status_t ema__win_ctx_connect(ema__win_ctx_t *ctx, void *const *blobs, const size_t *lens);
 void         ema__win_ctx_cleanup(ema__win_ctx_t *ctx);

@@ -10,6 +10,7 @@
 
 #include "util/log.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <pthread.h>
 #include <fcntl.h>
@@ -25,6 +26,134 @@ static int ema_host_usable(void)
 }
 
 static void ema_host_peer_fds_close(void);
+
+/* --- how much memory this process may have -------------------------------- */
+
+/* The number in @path ("max" and unreadable files give 0: no limit). */
+static uint64_t ema_host_read_limit(const char *path)
+{
+    unsigned long long v = 0;
+    char word[32];
+    FILE *f = fopen(path, "r");
+    if (f == NULL) {
+        return 0;
+    }
+    if (fscanf(f, "%31s", word) == 1 && isdigit((unsigned char)word[0])) {
+        v = strtoull(word, NULL, 10);
+    }
+    fclose(f);
+    return v;
+}
+
+/* The lowest limit in @file of cgroup @path under @root/@mount and of its
+ * ancestors up to the root (a parent's limit binds its children too); 0
+ * for none. */
+static uint64_t ema_host_cgroup_walk(const char *root, const char *mount, const char *path,
+                                     const char *file)
+{
+    char dir[2048], full[3000];
+    uint64_t lowest = 0;
+    snprintf(dir, sizeof(dir), "%s", path);
+    for (;;) {
+        size_t n = strlen(dir);
+        while (n > 0 && dir[n - 1] == '/') {
+            dir[--n] = '\0'; /* "/" is the root: "" */
+        }
+        snprintf(full, sizeof(full), "%s%s%s/%s", root, mount, dir, file);
+        uint64_t v = ema_host_read_limit(full);
+        if (v != 0 && (lowest == 0 || v < lowest)) {
+            lowest = v;
+        }
+        if (n == 0) {
+            return lowest;
+        }
+        char *slash = strrchr(dir, '/');
+        if (slash == NULL) {
+            dir[0] = '\0';
+        } else {
+            *slash = '\0';
+        }
+    }
+}
+
+uint64_t ema__mem_cgroup_limit(const char *self_cgroup, const char *root)
+{
+    char line[2048];
+    uint64_t lowest = 0;
+    FILE *f = fopen(self_cgroup, "r");
+    if (f == NULL) {
+        return 0;
+    }
+    while (fgets(line, sizeof(line), f) != NULL) {
+        char *ctrl = strchr(line, ':'), *path;
+        if (ctrl == NULL || (path = strchr(ctrl + 1, ':')) == NULL) {
+            continue;
+        }
+        *path++ = '\0';
+        path[strcspn(path, "\n")] = '\0';
+        ctrl++;
+        uint64_t v = 0;
+        if (ctrl[0] == '\0') { /* "0::/path", cgroup v2 */
+            v = ema_host_cgroup_walk(root, "", path, "memory.max");
+            if (v == 0) {
+                v = ema_host_cgroup_walk(root, "/unified", path, "memory.max");
+            }
+        } else {
+            /* v1: "N:memory:/path", or memory among other controllers */
+            char *tok, *save = NULL;
+            for (tok = strtok_r(ctrl, ",", &save); tok != NULL; tok = strtok_r(NULL, ",", &save)) {
+                if (strcmp(tok, "memory") == 0) {
+                    v = ema_host_cgroup_walk(root, "/memory", path, "memory.limit_in_bytes");
+                    break;
+                }
+            }
+        }
+        /* v1 says "no limit" with a huge number (2^63 rounded to pages) */
+        if (v != 0 && v < ((uint64_t)1 << 62) && (lowest == 0 || v < lowest)) {
+            lowest = v;
+        }
+    }
+    fclose(f);
+    return lowest;
+}
+
+size_t ema__mem_host_limit(const char **what_p)
+{
+    long pages = sysconf(_SC_PHYS_PAGES), pg = sysconf(_SC_PAGESIZE);
+    uint64_t ram = (pages > 0 && pg > 0) ? (uint64_t)pages * (uint64_t)pg : 0;
+    uint64_t cg  = ema__mem_cgroup_limit("/proc/self/cgroup", "/sys/fs/cgroup");
+    const char *what = "physical memory";
+    uint64_t limit = ram;
+    if (cg != 0 && (limit == 0 || cg < limit)) {
+        limit = cg;
+        what  = "the cgroup's memory limit";
+    }
+    if (limit == 0) {
+        limit = SIZE_MAX; /* unknown: do not refuse */
+        what  = "unknown";
+    }
+    if (what_p != NULL) {
+        *what_p = what;
+    }
+    return (limit > SIZE_MAX) ? SIZE_MAX : (size_t)limit;
+}
+
+size_t ema__mem_host_available(void)
+{
+    char line[256];
+    unsigned long long kb = 0;
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (f == NULL) {
+        return 0;
+    }
+    while (fgets(line, sizeof(line), f) != NULL) {
+        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) {
+            break;
+        }
+    }
+    fclose(f);
+    return (size_t)kb << 10;
+}
 
 #define EMA_HOST_HUGE (2ul << 20)
 #ifndef MFD_HUGE_2MB

@@ -53,6 +53,12 @@ ema_status_t ema__mem_arena_create(const ema__mem_ops_t *ops, size_t capacity, s
         ema_error("device memory %zu is smaller than one segment (%zu)", capacity, seg_size);
         return EMA_ERR_INVALID_PARAM;
     }
+    if (capacity / seg_size > EMA_MEM_MAX_SEGS) {
+        /* the runtime names the variable first; this guards the casts below */
+        ema_error("%s memory of %zu bytes is %zu segments of %zu, more than %u", ops->name,
+                  capacity, capacity / seg_size, seg_size, (unsigned)EMA_MEM_MAX_SEGS);
+        return EMA_ERR_INVALID_PARAM;
+    }
     capacity -= capacity % seg_size; /* whole segments only */
 
     arena = calloc(1, sizeof(*arena));

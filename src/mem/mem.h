@@ -99,6 +99,26 @@ extern const ema__mem_ops_t ema__mem_cuda_ops;
 const ema__mem_ops_t *ema__mem_ops_get(ema_memory_kind_t kind);
 const char           *ema__mem_kind_name(ema_memory_kind_t kind);
 
+/* The most segments an arena may have: 2^28 (1T of 4 KiB segments, 512T
+ * of 2 MiB ones).  The pool counts them in uint32_t, sums of two included,
+ * and keeps a few bytes per segment (ema__mem_arena_create refuses more). */
+#define EMA_MEM_MAX_SEGS (1u << 28)
+
+/* Host memory this process may have: physical memory, or a cgroup's
+ * memory limit (v2 memory.max, v1 memory.limit_in_bytes, its own or an
+ * ancestor's) where lower.  *@what_p, if not NULL, says which of the two
+ * it is.  SIZE_MAX where neither can be read. */
+size_t ema__mem_host_limit(const char **what_p);
+/* The memory limit of the cgroups listed in @self_cgroup (the format of
+ * /proc/self/cgroup), read under @root (/sys/fs/cgroup): v2 memory.max, in
+ * the unified hierarchy or the hybrid layout's unified/, and v1
+ * memory/.../memory.limit_in_bytes, the lowest of each cgroup and its
+ * ancestors; 0 for none.  Separate for the unit tests. */
+uint64_t ema__mem_cgroup_limit(const char *self_cgroup, const char *root);
+/* MemAvailable of /proc/meminfo, in bytes: what can be faulted in now
+ * without swapping; 0 where unknown. */
+size_t ema__mem_host_available(void);
+
 /* Arena flags. */
 #define EMA_MEM_ARENA_HUGEPAGES 1u /* host: back it with 2 MiB huge pages where
                                       some are reserved; else 4 KiB pages */

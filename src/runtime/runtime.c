@@ -179,6 +179,57 @@ static ema_status_t ema_check_params(const ema_init_params_t *params)
     return EMA_SUCCESS;
 }
 
+/*
+ * Sizes that depend on the memory kind, checked before anything is created:
+ * a rank's memory of more than EMA_MEM_MAX_SEGS segments (the pool counts
+ * them in 32 bits), and a host-kind memory larger than the machine's.  The
+ * check is per rank against the whole machine (or its cgroup's limit); the
+ * ranks' sum once every rank's is known (ema__win_ctx_check, in ema_modex).
+ * The spill tier is address space until a window spills into it, never
+ * faulted in ahead, so only its segment count is checked.
+ */
+static ema_status_t ema_check_sizes(const ema__world_t *w, const ema__mem_ops_t *ops,
+                                    const ema_init_params_t *params)
+{
+    int by_params = params != NULL && (params->field_mask & EMA_INIT_PARAM_FIELD_DEVICE_MEMORY);
+    const char *cap_name = by_params ? "device_memory (ema_init_params_t)" : "EMA_DEVICE_MEMORY";
+    size_t seg = w->cfg.segment_size ? w->cfg.segment_size : ops->default_segment_size;
+    size_t cap = w->cfg.device_memory;
+
+    if (seg != 0 && cap / seg > EMA_MEM_MAX_SEGS) {
+        ema_error("%s %zu is %zu segments of %zu bytes, more than the %u a rank's memory may "
+                  "have: raise EMA_SEGMENT_SIZE", cap_name, cap, cap / seg, seg,
+                  (unsigned)EMA_MEM_MAX_SEGS);
+        return EMA_ERR_INVALID_PARAM;
+    }
+    if (w->pool.cfg.spill && ops->kind != EMA_MEMORY_KIND_CUDA && seg != 0 &&
+        w->pool.cfg.spill_size / seg > EMA_MEM_MAX_SEGS) {
+        ema_error("EMA_SPILL_SIZE %zu is %zu segments of %zu bytes, more than the %u a spill "
+                  "tier may have: raise EMA_SEGMENT_SIZE or lower EMA_SPILL_SIZE",
+                  w->pool.cfg.spill_size, w->pool.cfg.spill_size / seg, seg,
+                  (unsigned)EMA_MEM_MAX_SEGS);
+        return EMA_ERR_INVALID_PARAM;
+    }
+    if (ops->kind == EMA_MEMORY_KIND_HOST) {
+        const char *what;
+        size_t limit = ema__mem_host_limit(&what);
+        if (cap > limit) {
+            ema_error("%s %zu (%.1f GiB) is more than the %zu bytes (%.1f GiB) of %s: a "
+                      "host-kind rank's memory is host memory, faulted in at start", cap_name,
+                      cap, (double)cap / (1 << 30), limit, (double)limit / (1 << 30), what);
+            return EMA_ERR_NO_MEMORY;
+        }
+        size_t avail = ema__mem_host_available();
+        if (avail != 0 && cap > avail) {
+            ema_warn("%s %zu (%.1f GiB) is more than the %zu bytes (%.1f GiB) of memory "
+                     "available now (MemAvailable): faulting it in may swap, or wake the OOM "
+                     "killer", cap_name, cap, (double)cap / (1 << 30), avail,
+                     (double)avail / (1 << 30));
+        }
+    }
+    return EMA_SUCCESS;
+}
+
 /* The modex blob: [u32 address length][UCX worker address][win layer blob]. */
 static ema_status_t ema_modex(ema__world_t *w)
 {
@@ -226,7 +277,12 @@ static ema_status_t ema_modex(ema__world_t *w)
         wblobs[r] = (char *)blobs[r] + sizeof(alen) + alen;
         wlens[r]  = lens[r] - sizeof(alen) - alen;
     }
-    status = ema__xport_connect(&w->xp, addrs);
+    /* settings that must agree first, while no rank has connected: then
+     * every rank fails alike, and none fails connecting to one gone */
+    status = ema__win_ctx_check(&w->win, wblobs, wlens);
+    if (status == EMA_SUCCESS) {
+        status = ema__xport_connect(&w->xp, addrs);
+    }
     if (status == EMA_SUCCESS) {
         status = ema__win_ctx_connect(&w->win, wblobs, wlens);
     }
@@ -276,6 +332,10 @@ EMA_EXPORT ema_status_t ema_init(const ema_init_params_t *params)
         status = EMA_ERR_UNSUPPORTED;
         goto err_boot;
     }
+    status = ema_check_sizes(w, ops, params);
+    if (status != EMA_SUCCESS) {
+        goto err_boot;
+    }
     /* Which GPU each rank uses, and where ranks sit, for the lender order.
      * One node: world rank r is local rank r. */
     status = ema_topo_setup(w);
@@ -292,6 +352,13 @@ EMA_EXPORT ema_status_t ema_init(const ema_init_params_t *params)
                                    &w->arena);
     if (status != EMA_SUCCESS) {
         goto err_boot;
+    }
+    /* A reserve at or above the capacity lends nothing (ema(7)); as the
+     * capacity, its count of segments (a uint32_t in the pool, added to
+     * the withheld ones) cannot wrap to a small one, which lent everything
+     * (EMA_LEND_RESERVE=8192T did, with 2 MiB segments). */
+    if (w->pool.cfg.lend_reserve > w->arena->capacity) {
+        w->pool.cfg.lend_reserve = w->arena->capacity;
     }
 
     if (w->pool.cfg.spill && ops->kind == EMA_MEMORY_KIND_CUDA) {

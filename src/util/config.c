@@ -4,6 +4,7 @@
 #include <ctype.h>
 #include <errno.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -47,10 +48,9 @@ int ema__config_parse_size(const char *str, size_t *size_p)
     if (*end != '\0') {
         return -1;
     }
-    if (shift != 0 && v > (UINT64_MAX >> shift)) {
-        return -1;
-    }
-    if ((v << shift) > SIZE_MAX) {
+    /* Beyond EMA_CONFIG_SIZE_MAX is no machine's memory, only an overflow
+     * waiting to happen where the value is later counted in segments. */
+    if (v > (EMA_CONFIG_SIZE_MAX >> shift)) {
         return -1;
     }
     *size_p = (size_t)(v << shift);
@@ -79,7 +79,7 @@ static void ema_config_size_print(char *buf, size_t max, const void *src, const 
 }
 
 const ema_config_parser_t ema__config_size = {ema_config_size_parse, ema_config_size_print,
-                                              NULL, "size: 4096, 64K, 2M, 1G"};
+                                              NULL, "size: 4096, 64K, 2M, 1G, at most 1024T"};
 
 static int ema_config_bool_parse(const char *str, void *dst, const void *arg)
 {
@@ -109,12 +109,12 @@ const ema_config_parser_t ema__config_bool = {ema_config_bool_parse, ema_config_
 static int ema_config_uint_parse(const char *str, void *dst, const void *arg)
 {
     char *end;
-    unsigned long v;
+    unsigned long long v;
     if (!isdigit((unsigned char)*str)) {
-        return -1;
+        return -1; /* rejects "", "-1" (strtoull would negate it), "+1", " 1" */
     }
     errno = 0;
-    v = strtoul(str, &end, 10);
+    v = strtoull(str, &end, 10);
     if (errno != 0 || *end != '\0' || v > UINT32_MAX) {
         return -1;
     }
@@ -130,13 +130,26 @@ static void ema_config_uint_print(char *buf, size_t max, const void *src, const 
 const ema_config_parser_t ema__config_uint = {ema_config_uint_parse, ema_config_uint_print,
                                               NULL, "unsigned integer"};
 
+/*
+ * Doubles are seconds (timeouts): finite, from 0 to EMA_CONFIG_DOUBLE_MAX.
+ * strtod also takes "nan", "inf", "infinity", "-0" and "1e308", which as a
+ * timeout meant "no timeout" or an overflow where it is converted to an
+ * integer; none of them is a duration anyone means.
+ */
 static int ema_config_double_parse(const char *str, void *dst, const void *arg)
 {
     char *end;
     double v;
+    while (isspace((unsigned char)*str)) {
+        str++;
+    }
+    if (!isdigit((unsigned char)*str) && *str != '.') {
+        return -1; /* rejects "", "-0", "+1", "nan", "inf" */
+    }
     errno = 0;
     v = strtod(str, &end);
-    if (errno != 0 || end == str || *end != '\0' || v < 0) {
+    if (errno != 0 || end == str || *end != '\0' || !isfinite(v) || v < 0 ||
+        v > EMA_CONFIG_DOUBLE_MAX) {
         return -1;
     }
     *(double *)dst = v;
@@ -150,7 +163,7 @@ static void ema_config_double_print(char *buf, size_t max, const void *src, cons
 
 const ema_config_parser_t ema__config_double = {ema_config_double_parse,
                                                 ema_config_double_print, NULL,
-                                                "non-negative number"};
+                                                "a number from 0 to 1e9: 0.5, 2, 1e3"};
 
 /* Strings point into the environment or into the table's default, both of
  * which outlive the config. */
@@ -286,4 +299,4 @@ static void ema_config_size_auto_print(char *buf, size_t max, const void *src, c
 
 const ema_config_parser_t ema__config_size_auto = {ema_config_size_auto_parse,
                                                    ema_config_size_auto_print, NULL,
-                                                   "auto or a size: 4096, 64K, 2M, 1G"};
+                                                   "auto or a size: 4096, 64K, 2M, 1G, at most 1024T"};

@@ -27,10 +27,16 @@ typedef struct ema_config_field {
     const ema_config_parser_t *parser;
 } ema_config_field_t;
 
-extern const ema_config_parser_t ema__config_size;   /* 4096, 64K, 256M, 2G, 1T */
+/* The largest size a size variable takes: 1024T (2^50), as ema_win_allocate's
+ * largest window, beyond any machine's memory. */
+#define EMA_CONFIG_SIZE_MAX   ((size_t)1 << 50)
+/* The largest number a double variable (seconds) takes: about 31 years. */
+#define EMA_CONFIG_DOUBLE_MAX 1e9
+
+extern const ema_config_parser_t ema__config_size;   /* 4096, 64K, 256M, 2G, 1T; <= 1024T */
 extern const ema_config_parser_t ema__config_bool;   /* y/n, yes/no, 1/0, on/off, true/false */
 extern const ema_config_parser_t ema__config_uint;   /* unsigned */
-extern const ema_config_parser_t ema__config_double; /* 0.5, 1e-3 */
+extern const ema_config_parser_t ema__config_double; /* 0.5, 1e-3; finite, 0 to 1e9 */
 extern const ema_config_parser_t ema__config_string;
 extern const ema_config_parser_t ema__config_size_auto; /* "auto" (0) or a size */
 #define EMA_CONFIG_ENUM(_names) {ema__config_enum_parse, ema__config_enum_print, _names, "enum"}
@@ -52,7 +58,8 @@ void ema__config_print(const ema_config_field_t *table, const void *opts, FILE *
 /* Warn about EMA_* variables that no table knows (typos). */
 void ema__config_warn_unknown(const ema_config_field_t *const *tables);
 
-/* Parse a size such as "2M"; exposed for the unit tests. */
+/* Parse a size such as "2M" (at most EMA_CONFIG_SIZE_MAX); exposed for the
+ * unit tests. */
 int ema__config_parse_size(const char *str, size_t *size_p);
 
 #endif

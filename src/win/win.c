@@ -60,10 +60,30 @@ err:
     return status;
 }
 
-/* Blob: for each tier, [export][u32 rkey_len][rkey]. */
+/* What every rank must agree on, first in each rank's blob: a rank that
+ * differs fails ema_init on every rank, instead of being reached through a
+ * slow path or not at all.  The device capacity travels too, to check the
+ * world's host memory against the machine's. */
+typedef struct {
+    uint32_t kind;     /* ema_memory_kind_t of the device tier */
+    uint32_t spill;    /* 1: a spill tier (EMA_SPILL=host where the kind has one) */
+    uint64_t seg_size; /* EMA_SEGMENT_SIZE, resolved */
+    uint64_t capacity; /* EMA_DEVICE_MEMORY, whole segments */
+} ema_win_settings_t;
+
+static void ema_win_settings(const ema__win_ctx_t *ctx, ema_win_settings_t *s)
+{
+    memset(s, 0, sizeof(*s));
+    s->kind     = (uint32_t)ctx->tier[EMA_TIER_DEVICE]->ops->kind;
+    s->spill    = ctx->tier[EMA_TIER_SPILL] != NULL;
+    s->seg_size = ctx->seg_size;
+    s->capacity = ctx->tier[EMA_TIER_DEVICE]->capacity;
+}
+
+/* Blob: [settings], then for each tier [export][u32 rkey_len][rkey]. */
 ema_status_t ema__win_ctx_blob(ema__win_ctx_t *ctx, void **blob_p, size_t *len_p)
 {
-    size_t len = 0;
+    size_t len = sizeof(ema_win_settings_t);
     for (int t = 0; t < EMA_TIER_MAX; t++) {
         len += sizeof(ema__mem_export_t) + sizeof(uint32_t) + ctx->mr[t].rkey_len;
     }
@@ -71,6 +91,10 @@ ema_status_t ema__win_ctx_blob(ema__win_ctx_t *ctx, void **blob_p, size_t *len_p
     if (blob == NULL) {
         return EMA_ERR_NO_MEMORY;
     }
+    ema_win_settings_t set;
+    ema_win_settings(ctx, &set);
+    memcpy(p, &set, sizeof(set));
+    p += sizeof(set);
     for (int t = 0; t < EMA_TIER_MAX; t++) {
         uint32_t rlen = (uint32_t)ctx->mr[t].rkey_len;
         if (ctx->tier[t] != NULL) {
@@ -79,11 +103,77 @@ ema_status_t ema__win_ctx_blob(ema__win_ctx_t *ctx, void **blob_p, size_t *len_p
         p += sizeof(ema__mem_export_t);
         memcpy(p, &rlen, sizeof(rlen));
         p += sizeof(rlen);
-        memcpy(p, ctx->mr[t].rkey_buf, rlen);
+        if (rlen > 0) { /* no spill tier (EMA_SPILL=none): no key, rkey_buf NULL */
+            memcpy(p, ctx->mr[t].rkey_buf, rlen);
+        }
         p += rlen;
     }
     *blob_p = blob;
     *len_p  = len;
+    return EMA_SUCCESS;
+}
+
+static const char *ema_win_spill_name(uint32_t spill)
+{
+    return spill ? "host" : "none";
+}
+
+/*
+ * Every rank's settings against this rank's.  Every rank sees the same
+ * blobs, so where any two ranks differ every rank finds a rank that differs
+ * from it and fails: nobody is left waiting.  Before any endpoint is made:
+ * a rank that failed and tore its worker down makes a peer's connect to it
+ * fail with a transport error instead.
+ */
+ema_status_t ema__win_ctx_check(ema__win_ctx_t *ctx, void *const *blobs, const size_t *lens)
+{
+    ema_win_settings_t own, s;
+    uint64_t total = 0;
+
+    ema_win_settings(ctx, &own);
+    for (int r = 0; r < ctx->size; r++) {
+        if (lens[r] < sizeof(s)) {
+            ema_error("malformed memory description in the modex");
+            return EMA_ERR_BOOTSTRAP;
+        }
+        memcpy(&s, blobs[r], sizeof(s));
+        if (s.kind != own.kind) {
+            ema_error("ranks disagree on the memory kind: rank %d uses %s memory, rank %d "
+                      "(this one) %s: set EMA_MEMORY_KIND alike on every rank", r,
+                      ema__mem_kind_name((ema_memory_kind_t)s.kind), ctx->rank,
+                      ema__mem_kind_name((ema_memory_kind_t)own.kind));
+            return EMA_ERR_INVALID_PARAM;
+        }
+        if (s.seg_size != own.seg_size) {
+            ema_error("ranks disagree on EMA_SEGMENT_SIZE: rank %d uses segments of %llu "
+                      "bytes, rank %d (this one) of %llu: set it alike on every rank", r,
+                      (unsigned long long)s.seg_size, ctx->rank,
+                      (unsigned long long)own.seg_size);
+            return EMA_ERR_INVALID_PARAM;
+        }
+        if (s.spill != own.spill) {
+            ema_error("ranks disagree on EMA_SPILL: rank %d has %s, rank %d (this one) %s: "
+                      "set it alike on every rank", r, ema_win_spill_name(s.spill), ctx->rank,
+                      ema_win_spill_name(own.spill));
+            return EMA_ERR_INVALID_PARAM;
+        }
+        total += s.capacity;
+    }
+    /* A host-kind rank's memory is faulted in, whole, in the background
+     * after ema_init, so the ranks' memories together must fit the
+     * machine (EMA runs on one node): more ends in the OOM killer. */
+    if (own.kind == EMA_MEMORY_KIND_HOST && ctx->size > 1) {
+        const char *what;
+        size_t limit = ema__mem_host_limit(&what);
+        if (total > limit) {
+            ema_error("the %d ranks' EMA_DEVICE_MEMORY add up to %llu bytes (%.1f GiB), more "
+                      "than the %zu bytes (%.1f GiB) of %s (host memory, faulted in at start): "
+                      "give each rank at most %zu", ctx->size, (unsigned long long)total,
+                      (double)total / (1 << 30), limit, (double)limit / (1 << 30), what,
+                      limit / (size_t)ctx->size);
+            return EMA_ERR_NO_MEMORY;
+        }
+    }
     return EMA_SUCCESS;
 }
 
@@ -123,8 +213,11 @@ static ema_status_t ema_win_ctx_attach(ema__win_ctx_t *ctx)
 
 ema_status_t ema__win_ctx_connect(ema__win_ctx_t *ctx, void *const *blobs, const size_t *lens)
 {
+    ema_status_t status;
+
     for (int r = 0; r < ctx->size; r++) {
-        const char *p = blobs[r], *end = p + lens[r];
+        const char *p = (const char *)blobs[r] + sizeof(ema_win_settings_t);
+        const char *end = (const char *)blobs[r] + lens[r];
         for (int t = 0; t < EMA_TIER_MAX; t++) {
             uint32_t rlen;
             if (p + sizeof(ema__mem_export_t) + sizeof(rlen) > end) {
@@ -137,15 +230,9 @@ ema_status_t ema__win_ctx_connect(ema__win_ctx_t *ctx, void *const *blobs, const
             if (p + rlen > end) {
                 goto malformed;
             }
-            if (t == EMA_TIER_DEVICE && ctx->exports[t][r].seg_size != ctx->seg_size) {
-                ema_error("rank %d uses segments of %lu bytes, rank %d of %zu: set "
-                          "EMA_SEGMENT_SIZE alike on every rank", r,
-                          (unsigned long)ctx->exports[t][r].seg_size, ctx->rank, ctx->seg_size);
-                return EMA_ERR_INVALID_PARAM;
-            }
             if (rlen > 0 && ctx->mr[t].memh != NULL) {
-                ema_status_t status = ema__xport_mr_add_peer(ctx->xp, &ctx->mr[t], r,
-                                                             ctx->exports[t][r].base, p, rlen);
+                status = ema__xport_mr_add_peer(ctx->xp, &ctx->mr[t], r,
+                                                ctx->exports[t][r].base, p, rlen);
                 if (status != EMA_SUCCESS) {
                     return status;
                 }
@@ -234,13 +321,29 @@ ema_status_t ema__win_allocate(ema__win_ctx_t *ctx, ema_status_t arg, size_t siz
     size_t *lens = NULL, desc_len;
     int taken = 0;
 
-    if (arg != EMA_SUCCESS) {
-        size = max_size = 0; /* take nothing; only tell the others */
-    } else if (params != NULL && (params->field_mask & EMA_WIN_PARAM_FIELD_MAX_SIZE)) {
+    int has_max = params != NULL && (params->field_mask & EMA_WIN_PARAM_FIELD_MAX_SIZE);
+    if (arg == EMA_SUCCESS && has_max) {
         max_size = params->max_size;
     }
-    nsegs    = (uint32_t)((size + seg - 1) / seg);
-    max_segs = (uint32_t)((max_size + seg - 1) / seg);
+    /* A part's segment counts and indexes are 32-bit wherever it is walked:
+     * its tables, ema__loc_t, and the (uint32_t)(offset / seg) of grow,
+     * shrink, acquire and prefetch (elastic.c), whose offsets are checked
+     * against the part's size, at most max_size.  Refusing a part of more
+     * than EMA_WIN_MAX_SEGS segments here keeps every one of those in
+     * range, and the tables below affordable (8 bytes a segment on every
+     * rank).  max_size >= size (api.c), so this bounds nsegs too. */
+    if (arg == EMA_SUCCESS && max_size / seg + (max_size % seg != 0) > EMA_WIN_MAX_SEGS) {
+        ema_error("ema_win_allocate: %s %zu is %zu segments of %zu bytes, more than the %u a "
+                  "window part may have (a larger EMA_SEGMENT_SIZE allows more)",
+                  has_max ? "max_size" : "size", max_size,
+                  max_size / seg + (max_size % seg != 0), seg, (unsigned)EMA_WIN_MAX_SEGS);
+        arg = EMA_ERR_INVALID_PARAM;
+    }
+    if (arg != EMA_SUCCESS) {
+        size = max_size = 0; /* take nothing; only tell the others */
+    }
+    nsegs    = (uint32_t)(size / seg + (size % seg != 0)); /* <= EMA_WIN_MAX_SEGS */
+    max_segs = (uint32_t)(max_size / seg + (max_size % seg != 0));
     desc_len = sizeof(*desc) + sizeof(ema__loc_t) * nsegs;
 
     win  = calloc(1, sizeof(*win));

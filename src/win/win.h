@@ -28,6 +28,13 @@
 #define EMA_WIN_MAGIC      0x454d4157u /* "EMAW" */
 #define EMA_WIN_MAGIC_DEAD 0x44454144u /* "DEAD" */
 
+/* The most segments a window part may have: 2^28, so max_size up to 512T
+ * with 2 MiB segments and 1T with 4 KiB ones.  Every count and index of a
+ * part fits a uint32_t with room to spare (sums of two cannot wrap), and its
+ * table costs at most 2 GiB of address space on each rank.  ema_win_allocate
+ * refuses more, with EMA_ERR_INVALID_PARAM. */
+#define EMA_WIN_MAX_SEGS (1u << 28)
+
 /* Memory tiers a segment can live in. */
 enum {
     EMA_TIER_DEVICE = 0, /* a rank's arena (its "GPU") */
@@ -190,6 +197,12 @@ ema_status_t ema__win_ctx_init(ema__win_ctx_t *ctx, ema__xport_t *xp, ema__mem_a
                                ema__mem_arena_t *spill, int rank, int size);
 /* The blob this rank contributes to the modex: exports + packed rkeys. */
 ema_status_t ema__win_ctx_blob(ema__win_ctx_t *ctx, void **blob_p, size_t *len_p);
+/* Check every rank's blob against this rank's settings: the memory kind,
+ * EMA_SEGMENT_SIZE and EMA_SPILL must agree (EMA_ERR_INVALID_PARAM), and
+ * host-kind memories must fit the machine together (EMA_ERR_NO_MEMORY).
+ * Every rank reaches the same verdict; call it before connecting anything,
+ * then ema__win_ctx_connect. */
+ema_status_t ema__win_ctx_check(ema__win_ctx_t *ctx, void *const *blobs, const size_t *lens);
 /* Complete the setup once every rank's exports and rkeys are known. */
 ema_status_t ema__win_ctx_connect(ema__win_ctx_t *ctx, void *const *blobs, const size_t *lens);
 void         ema__win_ctx_cleanup(ema__win_ctx_t *ctx);

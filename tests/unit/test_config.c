@@ -19,8 +19,9 @@ START_TEST(test_parse_size_accepts_plain_numbers_and_suffixes)
         {"64K", 65536},    {"64k", 65536},     {"2M", 2u << 20},
         {"2m", 2u << 20},  {"2MB", 2u << 20},  {"2mb", 2u << 20},
         {"1G", 1u << 30},  {"3g", 3ull << 30}, {"1T", 1ull << 40},
-        {"16384T", 16384ull << 40} /* 2^54 */,
-        {"18446744073709551615", SIZE_MAX},
+        {"1024T", 1ull << 50} /* the largest */,
+        {"1048576G", 1ull << 50}, {"1125899906842624", 1ull << 50},
+        {" 2M ", 2u << 20},
     };
     for (size_t i = 0; i < sizeof(ok) / sizeof(ok[0]); i++) {
         size_t v = SENT;
@@ -30,6 +31,9 @@ START_TEST(test_parse_size_accepts_plain_numbers_and_suffixes)
 }
 END_TEST
 
+/* Sizes above 1024T (2^50) are no machine's memory: they were accepted and
+ * wrapped where they are counted in segments (EMA_LEND_RESERVE=8192T lent
+ * everything). */
 START_TEST(test_parse_size_rejects_bad_values_and_leaves_output)
 {
     static const char *bad[] = {"",      " ",     "-1",   "+1",     "M",    "K2",   "2X",
@@ -38,7 +42,10 @@ START_TEST(test_parse_size_rejects_bad_values_and_leaves_output)
                                 "99999999999999999999999",        /* way over */
                                 "16777216T",                      /* 2^64 */
                                 "17179869184G",                   /* 2^64 */
-                                "18014398509481984K"};            /* 2^64 */
+                                "18014398509481984K",             /* 2^64 */
+                                "1025T", "8192T", "16384T",       /* over 2^50 */
+                                "1048577G", "1125899906842625",   /* 2^50 + 1 unit */
+                                "18446744073709551615"};          /* SIZE_MAX */
     ck_assert_int_ne(ema__config_parse_size(NULL, &(size_t){0}), 0);
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         size_t v = SENT;
@@ -160,7 +167,7 @@ START_TEST(test_read_bad_value_fails_with_one_line_naming_variable_and_value)
         {"EMA_UTEST_SIZE", "12Q"},  {"EMA_UTEST_SIZE", "-5"},     {"EMA_UTEST_SEG", "autox"},
         {"EMA_UTEST_FLAG", "maybe"}, {"EMA_UTEST_COUNT", "-1"},   {"EMA_UTEST_COUNT", "4294967296"},
         {"EMA_UTEST_COUNT", "7x"},  {"EMA_UTEST_RATIO", "-0.5"}, {"EMA_UTEST_RATIO", "half"},
-        {"EMA_UTEST_MODE", "turbo"}};
+        {"EMA_UTEST_SIZE", "8192T"}, {"EMA_UTEST_MODE", "turbo"}};
     char log[4096];
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         cfg_t c;
@@ -183,6 +190,82 @@ START_TEST(test_read_bad_value_fails_with_one_line_naming_variable_and_value)
     clear_env();
     ck_assert_int_eq(read_capturing(&c, log, sizeof(log)), EMA_SUCCESS);
     ck_assert_str_eq(log, "");
+}
+END_TEST
+
+/* Timeouts: nan, inf and huge values meant "no timeout" or overflowed the
+ * integer they become; each is now refused with one line and the field keeps
+ * its default. */
+START_TEST(test_read_double_rejects_nan_inf_negative_and_out_of_range)
+{
+    static const char *bad[] = {"nan", "NaN", "-nan", "inf", "-inf", "+inf", "infinity",
+                                "1e308", "1e309", "1e10", "1000000001", "-1", "-0", "-0.0",
+                                "+1", "", " ", ".", "e3", "1e", "2s", "0.5x", "1,5",
+                                "0x1p1000"};
+    char log[4096];
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        cfg_t c;
+        clear_env();
+        setenv("EMA_UTEST_RATIO", bad[i], 1);
+        ck_assert_msg(read_capturing(&c, log, sizeof(log)) == EMA_ERR_INVALID_PARAM,
+                      "EMA_UTEST_RATIO='%s' accepted as %g", bad[i], c.ratio);
+        ck_assert_msg(count_lines(log) == 1, "'%s' logged %d lines: %s", bad[i],
+                      count_lines(log), log);
+        ck_assert_msg(strstr(log, "EMA_UTEST_RATIO") != NULL, "log: %s", log);
+        ck_assert_msg(strstr(log, "1e9") != NULL, "log does not give the bound: %s", log);
+        ck_assert_double_eq(c.ratio, 0.5); /* the default, restored */
+    }
+    static const struct { const char *s; double v; } ok[] = {
+        {"0", 0}, {"0.0", 0}, {".5", 0.5}, {"2", 2}, {"1e-3", 1e-3}, {"1e9", 1e9},
+        {"1000000000", 1e9}, {" 3", 3}};
+    for (size_t i = 0; i < sizeof(ok) / sizeof(ok[0]); i++) {
+        cfg_t c;
+        clear_env();
+        setenv("EMA_UTEST_RATIO", ok[i].s, 1);
+        ck_assert_msg(ema__config_read(table, &c) == EMA_SUCCESS, "'%s' rejected", ok[i].s);
+        ck_assert_double_eq_tol(c.ratio, ok[i].v, 1e-12);
+    }
+}
+END_TEST
+
+/* Unsigned numbers: 32 bits, digits only. */
+START_TEST(test_read_uint_rejects_overflow_signs_spaces_and_garbage)
+{
+    static const char *bad[] = {"4294967296", "18446744073709551616", "99999999999999999999",
+                                "-1", "-0", "+1", " 1", "1 ", "", "0x10", "1e3", "1.0", "7x"};
+    char log[4096];
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        cfg_t c;
+        clear_env();
+        setenv("EMA_UTEST_COUNT", bad[i], 1);
+        ck_assert_msg(read_capturing(&c, log, sizeof(log)) == EMA_ERR_INVALID_PARAM,
+                      "EMA_UTEST_COUNT='%s' accepted as %u", bad[i], c.count);
+        ck_assert_msg(count_lines(log) == 1, "'%s' logged %d lines: %s", bad[i],
+                      count_lines(log), log);
+        ck_assert_uint_eq(c.count, 7);
+    }
+}
+END_TEST
+
+/* Booleans and enums match a whole word (any case), nothing more. */
+START_TEST(test_read_bool_and_enum_reject_prefixes_suffixes_and_empty)
+{
+    static const struct { const char *var, *val; } bad[] = {
+        {"EMA_UTEST_FLAG", ""},      {"EMA_UTEST_FLAG", "ye"},   {"EMA_UTEST_FLAG", "yess"},
+        {"EMA_UTEST_FLAG", " y"},    {"EMA_UTEST_FLAG", "y "},   {"EMA_UTEST_FLAG", "2"},
+        {"EMA_UTEST_FLAG", "-1"},    {"EMA_UTEST_MODE", ""},     {"EMA_UTEST_MODE", "fas"},
+        {"EMA_UTEST_MODE", "fastx"}, {"EMA_UTEST_MODE", "0"},    {"EMA_UTEST_MODE", "safe "},
+        {"EMA_UTEST_SEG", ""},       {"EMA_UTEST_SEG", "autox"}, {"EMA_UTEST_SEG", "2048T"}};
+    char log[4096];
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        cfg_t c;
+        clear_env();
+        setenv(bad[i].var, bad[i].val, 1);
+        ck_assert_msg(read_capturing(&c, log, sizeof(log)) == EMA_ERR_INVALID_PARAM,
+                      "%s='%s' accepted", bad[i].var, bad[i].val);
+        ck_assert_msg(count_lines(log) == 1, "%s='%s' logged %d lines: %s", bad[i].var,
+                      bad[i].val, count_lines(log), log);
+    }
 }
 END_TEST
 
@@ -215,6 +298,9 @@ int main(void)
     tcase_add_test(tc, test_read_fills_defaults_when_environment_is_unset);
     tcase_add_test(tc, test_read_takes_values_from_environment);
     tcase_add_test(tc, test_read_bad_value_fails_with_one_line_naming_variable_and_value);
+    tcase_add_test(tc, test_read_double_rejects_nan_inf_negative_and_out_of_range);
+    tcase_add_test(tc, test_read_uint_rejects_overflow_signs_spaces_and_garbage);
+    tcase_add_test(tc, test_read_bool_and_enum_reject_prefixes_suffixes_and_empty);
     tcase_add_test(tc, test_print_shows_each_variable_with_value_and_default);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);

@@ -597,10 +597,10 @@ const ema__mem_ops_t ema__mem_cuda_ops = {
     .size                 = sizeof(ema__mem_ops_t),
     .name                 = "cuda",
     .kind                 = EMA_MEMORY_KIND_CUDA,
-    /* EMA_SEGMENT_SIZE=auto on cuda.  A migration's remap costs about 80 us
-     * per segment whatever its size (unmap + map + access, measured on an
-     * H200), and it overlaps the copies only where a segment's copy takes
-     * as long: 128 MiB is about 65 us at 2 TB/s.  Measured there, reclaim
+    /* EMA_SEGMENT_SIZE=auto on cuda.  A migration's remap of one segment
+     * (unmap + map + set-access) costs 50-67 us per call whatever its size
+     * (measured on an H200), and it overlaps the copies only where a
+     * segment's copy takes as long: 128 MiB is about 65 us at 2 TB/s.  Measured there, reclaim
      * of 1 GiB: 64 MiB segments 1717 us, 128 MiB 999 us, 256 MiB 797 us,
      * against a 523 us copy; smaller segments lend at a finer grain. */
     .default_segment_size = 128ul << 20,

@@ -340,7 +340,7 @@ static size_t run_mode(int mode, req_t *rq, size_t nrq, double T, double step_s,
         while (head < next && rq[head].done == rq[head].steps) {
             head++;
         }
-        ema_win_stat_t ws;
+        ema_win_stat_t ws = {0};
         CHECK(ema_win_stat(kv.win, &ws));
         /* bytes_wanted counts the lender's own segments until they move,
          * which its retry does: what we released meanwhile is not counted
@@ -415,7 +415,7 @@ int main(int argc, char **argv)
     CHECK(ema_init(NULL));
     CHECK(ema_world_rank(&rank));
     CHECK(ema_world_size(&size));
-    ema_mem_stat_t ms;
+    ema_mem_stat_t ms = {0};
     CHECK(ema_mem_stat(&ms));
     size_t cap = ms.capacity / BLOCK * BLOCK; /* 2C */
     if (size < 2 || ms.memory_kind != EMA_MEMORY_KIND_HOST || cap < 8 * BLOCK) {

@@ -235,8 +235,9 @@ else
     nfail=$((nfail + 1)); failed+=(cuda_window)
 fi
 
-# The figures of the README's GPU section: put/get at 2 MiB..64 MiB against
-# raw UCX cuda_ipc, borrow, reclaim against cudaMemcpy, the kernel row.
+# The figures of the README's headline table and doc/performance.md: put/get
+# at 2 MiB..64 MiB against raw UCX cuda_ipc, borrow, reclaim and prefetch
+# against cudaMemcpy, the kernel row.
 EMA_DEVICE_MEMORY=10G step "ema_perf np2" run_mpi 2 "$build/src/tools/ema_perf" --csv \
     --min 2M --max 64M --reclaim-sizes 1G,4G
 

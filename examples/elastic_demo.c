@@ -38,7 +38,7 @@ static double mib(size_t b) { return b / 1048576.0; }
  * prints one line of the timeline. */
 static void timeline(const char *step, ema_win_h win)
 {
-    ema_mem_stat_t st;
+    ema_mem_stat_t st = {0};
     CHECK(ema_barrier()); /* the step is over everywhere */
     CHECK(ema_mem_stat(&st));
     CHECK(ema_put(stats_win, 0, rank * sizeof(st), &st, sizeof(st)));
@@ -46,7 +46,7 @@ static void timeline(const char *step, ema_win_h win)
     CHECK(ema_barrier());
     if (rank == 0) {
         ema_mem_stat_t *all;
-        ema_win_stat_t ws;
+        ema_win_stat_t ws = {0};
         size_t dummy;
         CHECK(ema_win_size(stats_win, 0, &dummy));
         all = malloc(size * sizeof(*all));

@@ -368,8 +368,28 @@ EMA_EXPORT ema_status_t ema_win_release(ema_win_h win, size_t offset, size_t len
  */
 EMA_EXPORT ema_status_t ema_win_prefetch(ema_win_h win, size_t offset, size_t len);
 
-/** Where the bytes of one window part live. */
+/**
+ * Fields of ema_win_stat_t, for its field_mask.  One bit per field; bits
+ * are never renumbered, and a later version adds fields in reserved[].
+ */
+enum {
+    EMA_WIN_STAT_FIELD_SIZE           = 1ull << 0,
+    EMA_WIN_STAT_FIELD_MAX_SIZE       = 1ull << 1,
+    EMA_WIN_STAT_FIELD_BYTES_LOCAL    = 1ull << 2,
+    EMA_WIN_STAT_FIELD_BYTES_BORROWED = 1ull << 3,
+    EMA_WIN_STAT_FIELD_BYTES_SPILLED  = 1ull << 4,
+    EMA_WIN_STAT_FIELD_MIGRATIONS     = 1ull << 5,
+    EMA_WIN_STAT_FIELD_BYTES_WANTED   = 1ull << 6
+};
+
+/**
+ * Where the bytes of one window part live.  field_mask is in and out: the
+ * caller sets the EMA_WIN_STAT_FIELD_* bits of the fields it wants (0: every
+ * field this version knows; bits it does not know are ignored), and the
+ * call sets it to the bits of the fields it wrote.  It writes no other field.
+ */
 typedef struct {
+    uint64_t field_mask;     /**< EMA_WIN_STAT_FIELD_* bits: wanted, then written */
     size_t   size;           /**< current size of this rank's part */
     size_t   max_size;       /**< reserved address space */
     size_t   bytes_local;    /**< in this rank's own memory */
@@ -382,13 +402,42 @@ typedef struct {
      *  (shrink the part) and the lender's next try finds room to move them
      *  to.  Counts those segments while they are in the part. */
     size_t   bytes_wanted;
+    uint64_t reserved[8];    /**< room for later fields; this version leaves it alone */
 } ema_win_stat_t;
 
-/** This rank's part of @a win. */
+/**
+ * This rank's part of @a win: the fields of *stat_p that stat_p->field_mask
+ * asks for (set it to 0 for all of them).  Cost: one load per segment of the part.
+ */
 EMA_EXPORT ema_status_t ema_win_stat(ema_win_h win, ema_win_stat_t *stat_p);
 
-/** This rank's memory and its lending. */
+/**
+ * Fields of ema_mem_stat_t, for its field_mask.  One bit per field; bits
+ * are never renumbered, and a later version adds fields in reserved[].
+ */
+enum {
+    EMA_MEM_STAT_FIELD_CAPACITY        = 1ull << 0,
+    EMA_MEM_STAT_FIELD_RESERVE         = 1ull << 1,
+    EMA_MEM_STAT_FIELD_BYTES_FREE      = 1ull << 2,
+    EMA_MEM_STAT_FIELD_BYTES_USED      = 1ull << 3,
+    EMA_MEM_STAT_FIELD_BYTES_LENT      = 1ull << 4,
+    EMA_MEM_STAT_FIELD_BYTES_WITHHELD  = 1ull << 5,
+    EMA_MEM_STAT_FIELD_BYTES_BORROWED  = 1ull << 6,
+    EMA_MEM_STAT_FIELD_BYTES_SPILLED   = 1ull << 7,
+    EMA_MEM_STAT_FIELD_RECLAIMS        = 1ull << 8,
+    EMA_MEM_STAT_FIELD_BYTES_MIGRATED  = 1ull << 9,
+    EMA_MEM_STAT_FIELD_RECLAIM_LAST_US = 1ull << 10,
+    EMA_MEM_STAT_FIELD_RECLAIM_MAX_US  = 1ull << 11,
+    EMA_MEM_STAT_FIELD_MEMORY_KIND     = 1ull << 12,
+    EMA_MEM_STAT_FIELD_DEVICE          = 1ull << 13
+};
+
+/**
+ * This rank's memory and its lending.  field_mask is in and out, as in
+ * ema_win_stat_t, with EMA_MEM_STAT_FIELD_* bits.
+ */
 typedef struct {
+    uint64_t field_mask;       /**< EMA_MEM_STAT_FIELD_* bits: wanted, then written */
     size_t   capacity;         /**< EMA_DEVICE_MEMORY, whole segments */
     size_t   reserve;          /**< never lent (EMA_LEND_RESERVE) */
     size_t   bytes_free;       /**< free, lendable or not */
@@ -403,9 +452,13 @@ typedef struct {
     double   reclaim_max_us;   /**< longest reclaim */
     ema_memory_kind_t memory_kind; /**< host or cuda: what window base pointers point to */
     int      device;           /**< cuda: the CUDA device ordinal in use; host: -1 */
+    uint64_t reserved[8];      /**< room for later fields; this version leaves it alone */
 } ema_mem_stat_t;
 
-/** Statistics of this rank's memory. */
+/**
+ * Statistics of this rank's memory: the fields of *stat_p that
+ * stat_p->field_mask asks for (set it to 0 for all of them).  Cost: a few loads.
+ */
 EMA_EXPORT ema_status_t ema_mem_stat(ema_mem_stat_t *stat_p);
 
 #ifdef __cplusplus

@@ -24,7 +24,7 @@ static pmix_proc_t ema_boot_proc;
 static int ema_boot_pmix_up;
 
 /* A launcher that serves PMIx leaves these in the environment. */
-static int ema_boot_launched(void)
+static int boot_launched(void)
 {
     return getenv("PMIX_NAMESPACE") || getenv("PMIX_SERVER_URI4") ||
            getenv("PMIX_SERVER_URI3") || getenv("PMIX_SERVER_URI2") ||
@@ -32,7 +32,7 @@ static int ema_boot_launched(void)
 }
 
 /* A PMIx server URI reads "nspace.rank;tcp4://host:port" (or tcp6). */
-static int ema_boot_uri_wellformed(void)
+static int boot_uri_wellformed(void)
 {
     static const char *vars[] = {"PMIX_SERVER_URI41", "PMIX_SERVER_URI4", "PMIX_SERVER_URI3",
                                  "PMIX_SERVER_URI21", "PMIX_SERVER_URI2"};
@@ -51,7 +51,7 @@ static int ema_boot_uri_wellformed(void)
     return !seen; /* no URI at all: let PMIx look for its server itself */
 }
 
-static int ema_boot_get_u32(const pmix_proc_t *proc, const char *key, uint32_t *val_p)
+static int boot_get_u32(const pmix_proc_t *proc, const char *key, uint32_t *val_p)
 {
     pmix_value_t *val = NULL;
     pmix_status_t rc = PMIx_Get(proc, key, NULL, 0, &val);
@@ -82,14 +82,14 @@ ema_status_t ema__boot_init(ema__boot_t *boot)
     boot->singleton  = 1;
     strcpy(boot->nspace, "singleton");
 
-    if (!ema_boot_launched()) {
+    if (!boot_launched()) {
         /* No launcher: do not even try to reach a system PMIx server, so a
          * world of one starts at once. */
         ema_debug("no PMIx launcher in the environment: world of one");
         return EMA_SUCCESS;
     }
 
-    if (!ema_boot_uri_wellformed()) {
+    if (!boot_uri_wellformed()) {
         /* libpmix would print its own internal error first: say it once */
         ema_error("the PMIx server address in the environment is malformed (PMIX_SERVER_URI*): "
                   "the launcher is broken or the variables were set by hand");
@@ -107,7 +107,7 @@ ema_status_t ema__boot_init(ema__boot_t *boot)
 
     PMIX_PROC_CONSTRUCT(&wild);
     PMIX_LOAD_PROCID(&wild, ema_boot_proc.nspace, PMIX_RANK_WILDCARD);
-    if (ema_boot_get_u32(&wild, PMIX_JOB_SIZE, &v) != 0 || v == 0) {
+    if (boot_get_u32(&wild, PMIX_JOB_SIZE, &v) != 0 || v == 0) {
         ema_error("PMIx_Get(PMIX_JOB_SIZE) failed");
         return EMA_ERR_BOOTSTRAP;
     }
@@ -115,12 +115,12 @@ ema_status_t ema__boot_init(ema__boot_t *boot)
     boot->rank      = (int)ema_boot_proc.rank;
     boot->singleton = 0;
     snprintf(boot->nspace, sizeof(boot->nspace), "%s", ema_boot_proc.nspace);
-    if (ema_boot_get_u32(&ema_boot_proc, PMIX_LOCAL_RANK, &v) == 0) {
+    if (boot_get_u32(&ema_boot_proc, PMIX_LOCAL_RANK, &v) == 0) {
         boot->local_rank = (int)v;
     } else {
         boot->local_rank = boot->rank;
     }
-    if (ema_boot_get_u32(&wild, PMIX_LOCAL_SIZE, &v) == 0) {
+    if (boot_get_u32(&wild, PMIX_LOCAL_SIZE, &v) == 0) {
         boot->local_size = (int)v;
     } else {
         boot->local_size = boot->size;
@@ -152,7 +152,7 @@ void ema__boot_abandon(ema__boot_t *boot)
 }
 
 /* A fence that collects the data every rank put, bounded by EMA_BOOT_TIMEOUT. */
-static ema_status_t ema_boot_fence(ema__boot_t *boot)
+static ema_status_t boot_fence(ema__boot_t *boot)
 {
     pmix_info_t info[2];
     int timeout = (int)(boot->cfg.timeout + 0.999);
@@ -220,7 +220,7 @@ ema_status_t ema__boot_exchange(ema__boot_t *boot, const char *key, const void *
         status = EMA_ERR_BOOTSTRAP;
         goto err_free;
     }
-    status = ema_boot_fence(boot);
+    status = boot_fence(boot);
     if (status != EMA_SUCCESS) {
         goto err_free;
     }

@@ -39,14 +39,14 @@ typedef struct {
     int                          *fds;      /* exported POSIX fds, -1 if none */
 } ema_cuda_arena_t;
 
-static ema_status_t ema_cuda_ctx_set(ema_cuda_arena_t *ca)
+static ema_status_t cuda_ctx_set(ema_cuda_arena_t *ca)
 {
     CUresult res;
     EMA_CU_CALL(res, cuCtxSetCurrent, ca->ctx);
     return ema__cu_status(res);
 }
 
-static void ema_cuda_access_desc(const ema_cuda_arena_t *ca, CUmemAccessDesc *acc)
+static void cuda_access_desc(const ema_cuda_arena_t *ca, CUmemAccessDesc *acc)
 {
     memset(acc, 0, sizeof(*acc));
     acc->location.type = CU_MEM_LOCATION_TYPE_DEVICE;
@@ -55,8 +55,8 @@ static void ema_cuda_access_desc(const ema_cuda_arena_t *ca, CUmemAccessDesc *ac
 }
 
 /* cuMemMap + cuMemSetAccess of @h at @addr; undoes the map on failure. */
-static ema_status_t ema_cuda_map_handle(ema_cuda_arena_t *ca, void *addr, size_t len,
-                                        CUmemGenericAllocationHandle h)
+static ema_status_t cuda_map_handle(ema_cuda_arena_t *ca, void *addr, size_t len,
+                                    CUmemGenericAllocationHandle h)
 {
     CUdeviceptr ptr = (CUdeviceptr)(uintptr_t)addr;
     CUmemAccessDesc acc;
@@ -66,7 +66,7 @@ static ema_status_t ema_cuda_map_handle(ema_cuda_arena_t *ca, void *addr, size_t
     if (res != CUDA_SUCCESS) {
         return ema__cu_status(res);
     }
-    ema_cuda_access_desc(ca, &acc);
+    cuda_access_desc(ca, &acc);
     EMA_CU_CALL(res, cuMemSetAccess, ptr, len, &acc, 1);
     if (res != CUDA_SUCCESS) {
         ema__cu.cuMemUnmap(ptr, len);
@@ -75,8 +75,8 @@ static ema_status_t ema_cuda_map_handle(ema_cuda_arena_t *ca, void *addr, size_t
     return EMA_SUCCESS;
 }
 
-static void ema_cuda_prop(const ema_cuda_arena_t *ca, CUmemAllocationHandleType htypes,
-                          CUmemAllocationProp *prop)
+static void cuda_prop(const ema_cuda_arena_t *ca, CUmemAllocationHandleType htypes,
+                      CUmemAllocationProp *prop)
 {
     memset(prop, 0, sizeof(*prop));
     prop->type                 = CU_MEM_ALLOCATION_TYPE_PINNED;
@@ -85,7 +85,7 @@ static void ema_cuda_prop(const ema_cuda_arena_t *ca, CUmemAllocationHandleType 
     prop->requestedHandleTypes = htypes;
 }
 
-static int ema_cuda_attr(ema_cuda_arena_t *ca, CUdevice_attribute attr)
+static int cuda_attr(ema_cuda_arena_t *ca, CUdevice_attribute attr)
 {
     int v = 0;
     if (ema__cu.cuDeviceGetAttribute(&v, attr, ca->dev) != CUDA_SUCCESS) {
@@ -95,8 +95,8 @@ static int ema_cuda_attr(ema_cuda_arena_t *ca, CUdevice_attribute attr)
 }
 
 /* Create segment @i, map it at its place in the arena and export it. */
-static ema_status_t ema_cuda_seg_create(ema__mem_arena_t *arena, ema_cuda_arena_t *ca,
-                                        uint32_t i)
+static ema_status_t cuda_seg_create(ema__mem_arena_t *arena, ema_cuda_arena_t *ca,
+                                    uint32_t i)
 {
     CUmemGenericAllocationHandle h;
     CUmemAllocationProp prop;
@@ -104,7 +104,7 @@ static ema_status_t ema_cuda_seg_create(ema__mem_arena_t *arena, ema_cuda_arena_
     CUresult res;
     int fd = -1;
 
-    ema_cuda_prop(ca, ca->htypes, &prop);
+    cuda_prop(ca, ca->htypes, &prop);
     res = ema__cu.cuMemCreate(&h, arena->seg_size, &prop, 0);
     if (res != CUDA_SUCCESS && (ca->htypes & CU_MEM_HANDLE_TYPE_FABRIC)) {
         /* Fabric handles need an IMEX channel; without one the driver
@@ -112,7 +112,7 @@ static ema_status_t ema_cuda_seg_create(ema__mem_arena_t *arena, ema_cuda_arena_
         ema_debug("cuMemCreate() with fabric handles failed (%s): using posix fds only",
                   ema__cu_errname(res));
         ca->htypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
-        ema_cuda_prop(ca, ca->htypes, &prop);
+        cuda_prop(ca, ca->htypes, &prop);
         res = ema__cu.cuMemCreate(&h, arena->seg_size, &prop, 0);
     }
     if (res != CUDA_SUCCESS) {
@@ -122,8 +122,8 @@ static ema_status_t ema_cuda_seg_create(ema__mem_arena_t *arena, ema_cuda_arena_
                       ? " (EMA_DEVICE_MEMORY exceeds the free device memory)" : "");
         return ema__cu_status(res);
     }
-    status = ema_cuda_map_handle(ca, (char *)arena->base + (size_t)i * arena->seg_size,
-                                 arena->seg_size, h);
+    status = cuda_map_handle(ca, (char *)arena->base + (size_t)i * arena->seg_size,
+                             arena->seg_size, h);
     if (status != EMA_SUCCESS) {
         goto err_release;
     }
@@ -148,7 +148,7 @@ err_release:
     return status;
 }
 
-static void ema_cuda_arena_destroy(ema__mem_arena_t *arena)
+static void cuda_arena_destroy(ema__mem_arena_t *arena)
 {
     ema_cuda_arena_t *ca = arena->priv;
 
@@ -184,7 +184,7 @@ static void ema_cuda_arena_destroy(ema__mem_arena_t *arena)
     arena->priv = NULL;
 }
 
-static ema_status_t ema_cuda_arena_create(ema__mem_arena_t *arena)
+static ema_status_t cuda_arena_create(ema__mem_arena_t *arena)
 {
     ema_cuda_arena_t *ca;
     CUmemAllocationProp prop;
@@ -228,22 +228,22 @@ static ema_status_t ema_cuda_arena_create(ema__mem_arena_t *arena)
         status = ema__cu_status(res);
         goto err;
     }
-    status = ema_cuda_ctx_set(ca);
+    status = cuda_ctx_set(ca);
     if (status != EMA_SUCCESS) {
         goto err;
     }
-    if (!ema_cuda_attr(ca, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED) ||
-        !ema_cuda_attr(ca, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED)) {
+    if (!cuda_attr(ca, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED) ||
+        !cuda_attr(ca, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED)) {
         ema_error("device %d does not support cuda vmm with posix fd handles", ordinal);
         status = EMA_ERR_UNSUPPORTED;
         goto err;
     }
     ca->htypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
-    if (ema_cuda_attr(ca, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED)) {
+    if (cuda_attr(ca, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED)) {
         ca->htypes |= CU_MEM_HANDLE_TYPE_FABRIC;
     }
 
-    ema_cuda_prop(ca, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, &prop);
+    cuda_prop(ca, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, &prop);
     EMA_CU_CALL(res, cuMemGetAllocationGranularity, &ca->gran, &prop,
                 CU_MEM_ALLOC_GRANULARITY_MINIMUM);
     if (res != CUDA_SUCCESS) {
@@ -273,7 +273,7 @@ static ema_status_t ema_cuda_arena_create(ema__mem_arena_t *arena)
     /* Lenders create and export every segment now, so a borrow later costs
      * the borrower one import and one map, and the lender nothing. */
     for (ca->ncreated = 0; ca->ncreated < ca->nsegs; ca->ncreated++) {
-        status = ema_cuda_seg_create(arena, ca, ca->ncreated);
+        status = cuda_seg_create(arena, ca, ca->ncreated);
         if (status != EMA_SUCCESS) {
             goto err;
         }
@@ -284,35 +284,35 @@ static ema_status_t ema_cuda_arena_create(ema__mem_arena_t *arena)
     return EMA_SUCCESS;
 
 err:
-    ema_cuda_arena_destroy(arena);
+    cuda_arena_destroy(arena);
     return status;
 }
 
-static ema_status_t ema_cuda_prefault(ema__mem_arena_t *arena, uint32_t first, uint32_t count)
+static ema_status_t cuda_prefault(ema__mem_arena_t *arena, uint32_t first, uint32_t count)
 {
     /* cuMemCreate allocates physical memory: nothing is ever faulted in. */
     return EMA_SUCCESS;
 }
 
-static size_t ema_cuda_round(const ema_cuda_arena_t *ca, size_t len)
+static size_t cuda_round(const ema_cuda_arena_t *ca, size_t len)
 {
     return (len + ca->gran - 1) / ca->gran * ca->gran;
 }
 
-static ema_status_t ema_cuda_reserve(ema__mem_arena_t *arena, size_t len, void **addr_p)
+static ema_status_t cuda_reserve(ema__mem_arena_t *arena, size_t len, void **addr_p)
 {
     ema_cuda_arena_t *ca = arena->priv;
     CUdeviceptr ptr;
     ema_status_t status;
     CUresult res;
 
-    status = ema_cuda_ctx_set(ca);
+    status = cuda_ctx_set(ca);
     if (status != EMA_SUCCESS) {
         return status;
     }
     /* Aligned to a segment where possible, so each mapping is aligned as
      * the arena's own are. */
-    EMA_CU_CALL(res, cuMemAddressReserve, &ptr, ema_cuda_round(ca, len),
+    EMA_CU_CALL(res, cuMemAddressReserve, &ptr, cuda_round(ca, len),
                 (arena->seg_size % ca->gran == 0) ? arena->seg_size : ca->gran, 0, 0);
     if (res != CUDA_SUCCESS) {
         return (res == CUDA_ERROR_OUT_OF_MEMORY) ? EMA_ERR_NO_RESOURCE : ema__cu_status(res);
@@ -321,26 +321,26 @@ static ema_status_t ema_cuda_reserve(ema__mem_arena_t *arena, size_t len, void *
     return EMA_SUCCESS;
 }
 
-static void ema_cuda_unreserve(ema__mem_arena_t *arena, void *addr, size_t len)
+static void cuda_unreserve(ema__mem_arena_t *arena, void *addr, size_t len)
 {
     ema_cuda_arena_t *ca = arena->priv;
     CUresult res;
 
-    if (ema_cuda_ctx_set(ca) == EMA_SUCCESS) {
+    if (cuda_ctx_set(ca) == EMA_SUCCESS) {
         EMA_CU_CALL(res, cuMemAddressFree, (CUdeviceptr)(uintptr_t)addr,
-                    ema_cuda_round(ca, len));
+                    cuda_round(ca, len));
         (void)res;
     }
 }
 
-static int64_t ema_cuda_seg_handle(ema__mem_arena_t *arena, uint32_t seg)
+static int64_t cuda_seg_handle(ema__mem_arena_t *arena, uint32_t seg)
 {
     ema_cuda_arena_t *ca = arena->priv;
     return (seg < ca->ncreated) ? ca->fds[seg] : -1;
 }
 
 /* A peer's exported fd, duplicated into our fd table. */
-static ema_status_t ema_cuda_peer_fd(int32_t pid, int64_t handle, int *fd_p)
+static ema_status_t cuda_peer_fd(int32_t pid, int64_t handle, int *fd_p)
 {
     int pidfd, fd;
 
@@ -369,8 +369,8 @@ static ema_status_t ema_cuda_peer_fd(int32_t pid, int64_t handle, int *fd_p)
     return EMA_SUCCESS;
 }
 
-static ema_status_t ema_cuda_map(ema__mem_arena_t *arena, const ema__mem_export_t *exp,
-                                 uint32_t seg, int64_t handle, void *addr)
+static ema_status_t cuda_map(ema__mem_arena_t *arena, const ema__mem_export_t *exp,
+                             uint32_t seg, int64_t handle, void *addr)
 {
     ema_cuda_arena_t *ca = arena->priv;
     CUmemGenericAllocationHandle h;
@@ -378,7 +378,7 @@ static ema_status_t ema_cuda_map(ema__mem_arena_t *arena, const ema__mem_export_
     CUresult res;
     int fd;
 
-    status = ema_cuda_ctx_set(ca);
+    status = cuda_ctx_set(ca);
     if (status != EMA_SUCCESS) {
         return status;
     }
@@ -389,7 +389,7 @@ static ema_status_t ema_cuda_map(ema__mem_arena_t *arena, const ema__mem_export_
             ema_error("segment %u is outside this rank's arena of %u", seg, ca->ncreated);
             return EMA_ERR_INVALID_PARAM;
         }
-        return ema_cuda_map_handle(ca, addr, arena->seg_size, ca->handles[seg]);
+        return cuda_map_handle(ca, addr, arena->seg_size, ca->handles[seg]);
     }
 
     if (exp->seg_size != arena->seg_size) {
@@ -397,7 +397,7 @@ static ema_status_t ema_cuda_map(ema__mem_arena_t *arena, const ema__mem_export_
                   (unsigned long)exp->seg_size, arena->seg_size);
         return EMA_ERR_INVALID_PARAM;
     }
-    status = ema_cuda_peer_fd(exp->pid, handle, &fd);
+    status = cuda_peer_fd(exp->pid, handle, &fd);
     if (status != EMA_SUCCESS) {
         return status;
     }
@@ -407,7 +407,7 @@ static ema_status_t ema_cuda_map(ema__mem_arena_t *arena, const ema__mem_export_
     if (res != CUDA_SUCCESS) {
         return ema__cu_status(res);
     }
-    status = ema_cuda_map_handle(ca, addr, arena->seg_size, h);
+    status = cuda_map_handle(ca, addr, arena->seg_size, h);
     /* The mapping keeps the memory alive; unmap frees our hold on it. */
     ema__cu.cuMemRelease(h);
     if (status != EMA_SUCCESS) {
@@ -420,8 +420,8 @@ static ema_status_t ema_cuda_map(ema__mem_arena_t *arena, const ema__mem_export_
  * given access with one cuMemSetAccess for the whole run (the access call
  * is the larger part of a map's cost); a peer's segment each has its own
  * exported fd, so a peer's run is one segment. */
-static ema_status_t ema_cuda_map_many(ema__mem_arena_t *arena, const ema__mem_export_t *exp,
-                                      uint32_t seg, uint32_t count, int64_t handle, void *addr)
+static ema_status_t cuda_map_many(ema__mem_arena_t *arena, const ema__mem_export_t *exp,
+                                  uint32_t seg, uint32_t count, int64_t handle, void *addr)
 {
     ema_cuda_arena_t *ca = arena->priv;
     size_t ss = arena->seg_size;
@@ -436,9 +436,9 @@ static ema_status_t ema_cuda_map_many(ema__mem_arena_t *arena, const ema__mem_ex
                       (int)exp->pid);
             return EMA_ERR_INVALID_PARAM;
         }
-        return ema_cuda_map(arena, exp, seg, handle, addr);
+        return cuda_map(arena, exp, seg, handle, addr);
     }
-    status = ema_cuda_ctx_set(ca);
+    status = cuda_ctx_set(ca);
     if (status != EMA_SUCCESS) {
         return status;
     }
@@ -455,7 +455,7 @@ static ema_status_t ema_cuda_map_many(ema__mem_arena_t *arena, const ema__mem_ex
             goto err;
         }
     }
-    ema_cuda_access_desc(ca, &acc);
+    cuda_access_desc(ca, &acc);
     EMA_CU_CALL(res, cuMemSetAccess, (CUdeviceptr)(uintptr_t)addr, (size_t)count * ss, &acc, 1);
     if (res == CUDA_SUCCESS) {
         return EMA_SUCCESS;
@@ -468,13 +468,13 @@ err:
     return status;
 }
 
-static ema_status_t ema_cuda_unmap(ema__mem_arena_t *arena, void *addr, size_t len)
+static ema_status_t cuda_unmap(ema__mem_arena_t *arena, void *addr, size_t len)
 {
     ema_cuda_arena_t *ca = arena->priv;
     ema_status_t status;
     CUresult res;
 
-    status = ema_cuda_ctx_set(ca);
+    status = cuda_ctx_set(ca);
     if (status != EMA_SUCCESS) {
         return status;
     }
@@ -500,14 +500,14 @@ static ema_status_t ema_cuda_unmap(ema__mem_arena_t *arena, void *addr, size_t l
     return status;
 }
 
-static ema_status_t ema_cuda_copy(ema__mem_arena_t *arena, void *dst, const void *src,
-                                  size_t len)
+static ema_status_t cuda_copy(ema__mem_arena_t *arena, void *dst, const void *src,
+                              size_t len)
 {
     ema_cuda_arena_t *ca = arena->priv;
     ema_status_t status;
     CUresult res;
 
-    status = ema_cuda_ctx_set(ca);
+    status = cuda_ctx_set(ca);
     if (status != EMA_SUCCESS) {
         return status;
     }
@@ -522,11 +522,11 @@ static ema_status_t ema_cuda_copy(ema__mem_arena_t *arena, void *dst, const void
     return ema__cu_status(res);
 }
 
-static ema_status_t ema_cuda_copy_start(ema__mem_arena_t *arena, void *dst, const void *src,
-                                        size_t len)
+static ema_status_t cuda_copy_start(ema__mem_arena_t *arena, void *dst, const void *src,
+                                    size_t len)
 {
     ema_cuda_arena_t *ca = arena->priv;
-    ema_status_t status = ema_cuda_ctx_set(ca);
+    ema_status_t status = cuda_ctx_set(ca);
     CUresult res;
 
     if (status != EMA_SUCCESS) {
@@ -537,10 +537,10 @@ static ema_status_t ema_cuda_copy_start(ema__mem_arena_t *arena, void *dst, cons
     return ema__cu_status(res);
 }
 
-static ema_status_t ema_cuda_copy_wait(ema__mem_arena_t *arena)
+static ema_status_t cuda_copy_wait(ema__mem_arena_t *arena)
 {
     ema_cuda_arena_t *ca = arena->priv;
-    ema_status_t status = ema_cuda_ctx_set(ca);
+    ema_status_t status = cuda_ctx_set(ca);
     CUresult res;
 
     if (status != EMA_SUCCESS) {
@@ -552,10 +552,10 @@ static ema_status_t ema_cuda_copy_wait(ema__mem_arena_t *arena)
 
 /* A mark is an event recorded on the copy stream; created per mark (about
  * a microsecond), since migrations may run on several threads at once. */
-static ema_status_t ema_cuda_copy_mark(ema__mem_arena_t *arena, void **mark_p)
+static ema_status_t cuda_copy_mark(ema__mem_arena_t *arena, void **mark_p)
 {
     ema_cuda_arena_t *ca = arena->priv;
-    ema_status_t status = ema_cuda_ctx_set(ca);
+    ema_status_t status = cuda_ctx_set(ca);
     CUevent ev;
     CUresult res;
 
@@ -576,14 +576,14 @@ static ema_status_t ema_cuda_copy_mark(ema__mem_arena_t *arena, void **mark_p)
     return EMA_SUCCESS;
 }
 
-static ema_status_t ema_cuda_copy_wait_mark(ema__mem_arena_t *arena, void *mark)
+static ema_status_t cuda_copy_wait_mark(ema__mem_arena_t *arena, void *mark)
 {
     ema_cuda_arena_t *ca = arena->priv;
-    ema_status_t status = ema_cuda_ctx_set(ca);
+    ema_status_t status = cuda_ctx_set(ca);
     CUresult res;
 
     if (mark == NULL) {
-        return (status == EMA_SUCCESS) ? ema_cuda_copy_wait(arena) : status;
+        return (status == EMA_SUCCESS) ? cuda_copy_wait(arena) : status;
     }
     if (status == EMA_SUCCESS) {
         EMA_CU_CALL(res, cuEventSynchronize, (CUevent)mark);
@@ -597,27 +597,27 @@ const ema__mem_ops_t ema__mem_cuda_ops = {
     .size                 = sizeof(ema__mem_ops_t),
     .name                 = "cuda",
     .kind                 = EMA_MEMORY_KIND_CUDA,
-    /* EMA_SEGMENT_SIZE=auto on cuda.  A migration's remap costs about 80 us
-     * per segment whatever its size (unmap + map + access, measured on an
-     * H200), and it overlaps the copies only where a segment's copy takes
-     * as long: 128 MiB is about 65 us at 2 TB/s.  Measured there, reclaim
+    /* EMA_SEGMENT_SIZE=auto on cuda.  A migration's remap of one segment
+     * (unmap + map + set-access) costs 50-67 us per call whatever its size
+     * (measured on an H200), and it overlaps the copies only where a
+     * segment's copy takes as long: 128 MiB is about 65 us at 2 TB/s.  Measured there, reclaim
      * of 1 GiB: 64 MiB segments 1717 us, 128 MiB 999 us, 256 MiB 797 us,
      * against a 523 us copy; smaller segments lend at a finer grain. */
     .default_segment_size = 128ul << 20,
     .granularity          = EMA_CUDA_GRANULARITY,
     .usable               = ema__cuda_usable,
-    .arena_create         = ema_cuda_arena_create,
-    .arena_destroy        = ema_cuda_arena_destroy,
-    .prefault             = ema_cuda_prefault,
-    .reserve              = ema_cuda_reserve,
-    .unreserve            = ema_cuda_unreserve,
-    .seg_handle           = ema_cuda_seg_handle,
-    .map                  = ema_cuda_map,
-    .unmap                = ema_cuda_unmap,
-    .map_many             = ema_cuda_map_many,
-    .copy                 = ema_cuda_copy,
-    .copy_start           = ema_cuda_copy_start,
-    .copy_wait            = ema_cuda_copy_wait,
-    .copy_mark            = ema_cuda_copy_mark,
-    .copy_wait_mark       = ema_cuda_copy_wait_mark,
+    .arena_create         = cuda_arena_create,
+    .arena_destroy        = cuda_arena_destroy,
+    .prefault             = cuda_prefault,
+    .reserve              = cuda_reserve,
+    .unreserve            = cuda_unreserve,
+    .seg_handle           = cuda_seg_handle,
+    .map                  = cuda_map,
+    .unmap                = cuda_unmap,
+    .map_many             = cuda_map_many,
+    .copy                 = cuda_copy,
+    .copy_start           = cuda_copy_start,
+    .copy_wait            = cuda_copy_wait,
+    .copy_mark            = cuda_copy_mark,
+    .copy_wait_mark       = cuda_copy_wait_mark,
 };

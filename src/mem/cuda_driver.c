@@ -38,7 +38,7 @@ ema_status_t ema__cu_status(CUresult res)
  * device are the normal case on machines without a GPU: they are logged at
  * debug level only, and the kind is reported unusable.
  */
-static void ema_cu_load(void)
+static void cu_load(void)
 {
     PFN_cuGetProcAddress_v12000 get_proc;
     CUresult res;
@@ -98,7 +98,7 @@ err_close:
 
 int ema__cuda_usable(void)
 {
-    pthread_once(&ema_cu_once, ema_cu_load);
+    pthread_once(&ema_cu_once, cu_load);
     return ema__cu.usable;
 }
 

@@ -20,12 +20,12 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-static int ema_host_usable(void)
+static int host_usable(void)
 {
     return 1;
 }
 
-static void ema_host_peer_fds_close(void);
+static void host_peer_fds_close(void);
 
 /* --- how much memory this process may have -------------------------------- */
 
@@ -167,7 +167,7 @@ size_t ema__mem_host_available(void)
  * copy; with 2 MiB pages it is 512.  A hugetlb memfd reserves its pages at
  * mmap, so a shortage shows here and the arena falls back to 4 KiB pages.
  */
-static int ema_host_arena_create_huge(ema__mem_arena_t *arena)
+static int host_arena_create_huge(ema__mem_arena_t *arena)
 {
 #ifdef MFD_HUGETLB
     if (!(arena->flags & EMA_MEM_ARENA_HUGEPAGES) || arena->seg_size % EMA_HOST_HUGE != 0) {
@@ -201,9 +201,9 @@ static int ema_host_arena_create_huge(ema__mem_arena_t *arena)
 #endif
 }
 
-static ema_status_t ema_host_arena_create(ema__mem_arena_t *arena)
+static ema_status_t host_arena_create(ema__mem_arena_t *arena)
 {
-    if (ema_host_arena_create_huge(arena) == 0) {
+    if (host_arena_create_huge(arena) == 0) {
         return EMA_SUCCESS;
     }
     int fd = memfd_create("ema-arena", MFD_CLOEXEC);
@@ -227,9 +227,9 @@ static ema_status_t ema_host_arena_create(ema__mem_arena_t *arena)
     return EMA_SUCCESS;
 }
 
-static void ema_host_arena_destroy(ema__mem_arena_t *arena)
+static void host_arena_destroy(ema__mem_arena_t *arena)
 {
-    ema_host_peer_fds_close();
+    host_peer_fds_close();
     if (arena->base != NULL) {
         munmap(arena->base, arena->capacity);
     }
@@ -238,7 +238,7 @@ static void ema_host_arena_destroy(ema__mem_arena_t *arena)
     }
 }
 
-static ema_status_t ema_host_prefault(ema__mem_arena_t *arena, uint32_t first, uint32_t count)
+static ema_status_t host_prefault(ema__mem_arena_t *arena, uint32_t first, uint32_t count)
 {
     char *p = (char *)arena->base + (size_t)first * arena->seg_size;
     size_t len = (size_t)count * arena->seg_size;
@@ -260,7 +260,7 @@ static ema_status_t ema_host_prefault(ema__mem_arena_t *arena, uint32_t first, u
     return EMA_SUCCESS;
 }
 
-static ema_status_t ema_host_reserve(ema__mem_arena_t *arena, size_t len, void **addr_p)
+static ema_status_t host_reserve(ema__mem_arena_t *arena, size_t len, void **addr_p)
 {
     /* 2 MiB aligned, so that a peer's huge-page segment can be mapped at any
      * segment of it: reserve 2 MiB more and trim both ends. */
@@ -281,7 +281,7 @@ static ema_status_t ema_host_reserve(ema__mem_arena_t *arena, size_t len, void *
     return EMA_SUCCESS;
 }
 
-static void ema_host_unreserve(ema__mem_arena_t *arena, void *addr, size_t len)
+static void host_unreserve(ema__mem_arena_t *arena, void *addr, size_t len)
 {
     munmap(addr, len);
 }
@@ -297,7 +297,7 @@ static struct {
 static int ema_host_nfds;
 static pthread_mutex_t ema_host_fd_lock = PTHREAD_MUTEX_INITIALIZER;
 
-static int ema_host_peer_fd(int pid, int rfd)
+static int host_peer_fd(int pid, int rfd)
 {
     int fd = -1;
     pthread_mutex_lock(&ema_host_fd_lock);
@@ -327,7 +327,7 @@ out:
     return fd;
 }
 
-static void ema_host_peer_fds_close(void)
+static void host_peer_fds_close(void)
 {
     pthread_mutex_lock(&ema_host_fd_lock);
     for (int i = 0; i < ema_host_nfds; i++) {
@@ -337,18 +337,18 @@ static void ema_host_peer_fds_close(void)
     pthread_mutex_unlock(&ema_host_fd_lock);
 }
 
-static int64_t ema_host_seg_handle(ema__mem_arena_t *arena, uint32_t seg)
+static int64_t host_seg_handle(ema__mem_arena_t *arena, uint32_t seg)
 {
     return arena->fd; /* one memfd holds every segment, at seg * seg_size */
 }
 
-static ema_status_t ema_host_map_many(ema__mem_arena_t *arena, const ema__mem_export_t *exp,
-                                      uint32_t seg, uint32_t count, int64_t handle, void *addr)
+static ema_status_t host_map_many(ema__mem_arena_t *arena, const ema__mem_export_t *exp,
+                                  uint32_t seg, uint32_t count, int64_t handle, void *addr)
 {
     int fd = arena->fd, own = (exp->pid == (int32_t)getpid());
 
     if (!own) {
-        fd = ema_host_peer_fd((int)exp->pid, (int)handle);
+        fd = host_peer_fd((int)exp->pid, (int)handle);
         if (fd < 0) {
             return (errno == ENOENT || errno == ESRCH) ? EMA_ERR_PEER_LOST : EMA_ERR_IO;
         }
@@ -365,13 +365,13 @@ static ema_status_t ema_host_map_many(ema__mem_arena_t *arena, const ema__mem_ex
     return EMA_SUCCESS;
 }
 
-static ema_status_t ema_host_map(ema__mem_arena_t *arena, const ema__mem_export_t *exp,
-                                 uint32_t seg, int64_t handle, void *addr)
+static ema_status_t host_map(ema__mem_arena_t *arena, const ema__mem_export_t *exp,
+                             uint32_t seg, int64_t handle, void *addr)
 {
-    return ema_host_map_many(arena, exp, seg, 1, handle, addr);
+    return host_map_many(arena, exp, seg, 1, handle, addr);
 }
 
-static ema_status_t ema_host_unmap(ema__mem_arena_t *arena, void *addr, size_t len)
+static ema_status_t host_unmap(ema__mem_arena_t *arena, void *addr, size_t len)
 {
     /* Put the reservation back rather than leave a hole another mmap could take. */
     void *p = mmap(addr, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED,
@@ -383,9 +383,9 @@ static ema_status_t ema_host_unmap(ema__mem_arena_t *arena, void *addr, size_t l
     return EMA_SUCCESS;
 }
 
-static ema_status_t ema_host_attach(const ema__mem_export_t *exp, void **addr_p)
+static ema_status_t host_attach(const ema__mem_export_t *exp, void **addr_p)
 {
-    int fd = ema_host_peer_fd((int)exp->pid, (int)exp->fd);
+    int fd = host_peer_fd((int)exp->pid, (int)exp->fd);
     if (fd < 0) {
         return (errno == ENOENT || errno == ESRCH) ? EMA_ERR_PEER_LOST : EMA_ERR_IO;
     }
@@ -399,13 +399,13 @@ static ema_status_t ema_host_attach(const ema__mem_export_t *exp, void **addr_p)
     return EMA_SUCCESS;
 }
 
-static void ema_host_detach(void *addr, size_t len)
+static void host_detach(void *addr, size_t len)
 {
     munmap(addr, len);
 }
 
-static ema_status_t ema_host_copy(ema__mem_arena_t *arena, void *dst, const void *src,
-                                  size_t len)
+static ema_status_t host_copy(ema__mem_arena_t *arena, void *dst, const void *src,
+                              size_t len)
 {
     memcpy(dst, src, len);
     return EMA_SUCCESS;
@@ -415,18 +415,18 @@ static ema_status_t ema_host_copy(ema__mem_arena_t *arena, void *dst, const void
  * on the host kind without direct access (EMA_HOST_DIRECT=n) then runs the
  * same piece-by-piece path as on a GPU, so that path is tested anywhere.
  * A mark is a token with nothing left to wait for. */
-static ema_status_t ema_host_copy_wait(ema__mem_arena_t *arena)
+static ema_status_t host_copy_wait(ema__mem_arena_t *arena)
 {
     return EMA_SUCCESS;
 }
 
-static ema_status_t ema_host_copy_mark(ema__mem_arena_t *arena, void **mark_p)
+static ema_status_t host_copy_mark(ema__mem_arena_t *arena, void **mark_p)
 {
     *mark_p = malloc(1);
     return (*mark_p != NULL) ? EMA_SUCCESS : EMA_ERR_NO_MEMORY;
 }
 
-static ema_status_t ema_host_copy_wait_mark(ema__mem_arena_t *arena, void *mark)
+static ema_status_t host_copy_wait_mark(ema__mem_arena_t *arena, void *mark)
 {
     free(mark);
     return EMA_SUCCESS;
@@ -438,21 +438,21 @@ const ema__mem_ops_t ema__mem_host_ops = {
     .kind                 = EMA_MEMORY_KIND_HOST,
     .default_segment_size = 2u << 20,
     .granularity          = 4096,
-    .usable               = ema_host_usable,
-    .arena_create         = ema_host_arena_create,
-    .arena_destroy        = ema_host_arena_destroy,
-    .prefault             = ema_host_prefault,
-    .reserve              = ema_host_reserve,
-    .unreserve            = ema_host_unreserve,
-    .seg_handle           = ema_host_seg_handle,
-    .map                  = ema_host_map,
-    .map_many             = ema_host_map_many,
-    .unmap                = ema_host_unmap,
-    .attach               = ema_host_attach,
-    .detach               = ema_host_detach,
-    .copy                 = ema_host_copy,
-    .copy_start           = ema_host_copy,
-    .copy_wait            = ema_host_copy_wait,
-    .copy_mark            = ema_host_copy_mark,
-    .copy_wait_mark       = ema_host_copy_wait_mark,
+    .usable               = host_usable,
+    .arena_create         = host_arena_create,
+    .arena_destroy        = host_arena_destroy,
+    .prefault             = host_prefault,
+    .reserve              = host_reserve,
+    .unreserve            = host_unreserve,
+    .seg_handle           = host_seg_handle,
+    .map                  = host_map,
+    .map_many             = host_map_many,
+    .unmap                = host_unmap,
+    .attach               = host_attach,
+    .detach               = host_detach,
+    .copy                 = host_copy,
+    .copy_start           = host_copy,
+    .copy_wait            = host_copy_wait,
+    .copy_mark            = host_copy_mark,
+    .copy_wait_mark       = host_copy_wait_mark,
 };

@@ -55,6 +55,16 @@ EMA_EXPORT ema_status_t ema_mem_stat(ema_mem_stat_t *stat_p)
     if (stat_p == NULL) {
         return EMA_ERR_INVALID_PARAM;
     }
+    /* field_mask as in ema_win_stat: 0 asks for all, unknown bits are ignored */
+    const uint64_t known = EMA_MEM_STAT_FIELD_CAPACITY | EMA_MEM_STAT_FIELD_RESERVE |
+                           EMA_MEM_STAT_FIELD_BYTES_FREE | EMA_MEM_STAT_FIELD_BYTES_USED |
+                           EMA_MEM_STAT_FIELD_BYTES_LENT | EMA_MEM_STAT_FIELD_BYTES_WITHHELD |
+                           EMA_MEM_STAT_FIELD_BYTES_BORROWED | EMA_MEM_STAT_FIELD_BYTES_SPILLED |
+                           EMA_MEM_STAT_FIELD_RECLAIMS | EMA_MEM_STAT_FIELD_BYTES_MIGRATED |
+                           EMA_MEM_STAT_FIELD_RECLAIM_LAST_US |
+                           EMA_MEM_STAT_FIELD_RECLAIM_MAX_US | EMA_MEM_STAT_FIELD_MEMORY_KIND |
+                           EMA_MEM_STAT_FIELD_DEVICE;
+    uint64_t want = stat_p->field_mask ? (stat_p->field_mask & known) : known;
     ema__pool_t *pool = ema__pool_world;
     size_t seg = pool->win->seg_size;
     ema__seg_pool_t *sp = &pool->arena->pool;
@@ -78,6 +88,23 @@ EMA_EXPORT ema_status_t ema_mem_stat(ema_mem_stat_t *stat_p)
     st.reclaim_max_us  = pool->reclaim_max_us;
     st.memory_kind     = pool->arena->ops->kind;
     st.device          = (st.memory_kind == EMA_MEMORY_KIND_CUDA) ? pool->arena->device : -1;
-    *stat_p = st;
+#define EMA_STAT_COPY(_bit, _field) \
+    do { if (want & EMA_MEM_STAT_FIELD_##_bit) stat_p->_field = st._field; } while (0)
+    EMA_STAT_COPY(CAPACITY, capacity);
+    EMA_STAT_COPY(RESERVE, reserve);
+    EMA_STAT_COPY(BYTES_FREE, bytes_free);
+    EMA_STAT_COPY(BYTES_USED, bytes_used);
+    EMA_STAT_COPY(BYTES_LENT, bytes_lent);
+    EMA_STAT_COPY(BYTES_WITHHELD, bytes_withheld);
+    EMA_STAT_COPY(BYTES_BORROWED, bytes_borrowed);
+    EMA_STAT_COPY(BYTES_SPILLED, bytes_spilled);
+    EMA_STAT_COPY(RECLAIMS, reclaims);
+    EMA_STAT_COPY(BYTES_MIGRATED, bytes_migrated);
+    EMA_STAT_COPY(RECLAIM_LAST_US, reclaim_last_us);
+    EMA_STAT_COPY(RECLAIM_MAX_US, reclaim_max_us);
+    EMA_STAT_COPY(MEMORY_KIND, memory_kind);
+    EMA_STAT_COPY(DEVICE, device);
+#undef EMA_STAT_COPY
+    stat_p->field_mask = want;
     return EMA_SUCCESS;
 }

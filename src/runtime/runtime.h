@@ -1,7 +1,23 @@
 /*
  * The runtime: ema_init/ema_finalize and the world calls.  The only layer
- * that calls every other one; it owns the world's state and wires the layers
- * together in order (boot, mem, xport, win, progress) and apart in reverse.
+ * that calls every other one; it owns the world's state.
+ *
+ * ema_init wires the layers together in this order (runtime.c):
+ *  1. config: every module's table, then the ema_init_params_t overrides;
+ *  2. boot: rank, size, local rank (PMIx, or a world of one);
+ *  3. topo: the topology and which GPU each rank uses;
+ *  4. mem: the rank's arena on that GPU, then the host spill tier;
+ *  5. xport: the UCX context and worker;
+ *  6. win: the window context, then the modex (one PMIx exchange of
+ *     worker addresses and win blobs) that connects both to every peer;
+ *  7. pool, which registers as the windows' memory provider; then topo's
+ *     NUMA exchange (an allgather), which hands the topology to the pool
+ *     for the lender order;
+ *  8. progress: the progress thread; last, the pool's prefault job.
+ * A failed ema_init undoes the steps it made in reverse, except that PMIx
+ * stays up for the next try (ema__boot_abandon).  ema_finalize frees the
+ * windows left, flushes, and takes the layers apart in reverse: progress,
+ * pool, win, xport, mem (arena, then spill), topo, boot (PMIx too).
  */
 #ifndef EMA_RUNTIME_H_
 #define EMA_RUNTIME_H_

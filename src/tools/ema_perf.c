@@ -970,14 +970,14 @@ static int perf_sizes_reclaim(perf_t *p, size_t *sizes, int max)
 /* What a rank can give to a peer now: free memory beyond its lending reserve. */
 static size_t perf_lendable(void)
 {
-    ema_mem_stat_t ms;
+    ema_mem_stat_t ms = {0};
     EMA_CHECK(ema_mem_stat(&ms));
     return ms.bytes_free > ms.reserve ? ms.bytes_free - ms.reserve : 0;
 }
 
 static size_t perf_free(void)
 {
-    ema_mem_stat_t ms;
+    ema_mem_stat_t ms = {0};
     EMA_CHECK(ema_mem_stat(&ms));
     return ms.bytes_free;
 }
@@ -1079,7 +1079,7 @@ static int perf_measure_borrow(perf_t *p, int op_index, size_t size, perf_row_t 
                 ok = 0;
                 break;
             }
-            ema_win_stat_t ws;
+            ema_win_stat_t ws = {0};
             EMA_CHECK(ema_win_stat(win, &ws));
             if (ws.bytes_borrowed != seg || ws.size != full + seg) {
                 fprintf(stderr, "ema_perf: borrow: after the grow the window has %zu bytes, "
@@ -1162,7 +1162,7 @@ static int perf_move_fits(perf_t *p, const char *what, size_t n, size_t *f0_p, s
 static double perf_move_setup(perf_t *p, const char *what, ema_win_h wc, char *c, char *tail,
                               size_t n, uint64_t salt)
 {
-    ema_win_stat_t ws;
+    ema_win_stat_t ws = {0};
     double us;
 
     perf_mem_zero(p, tail, n); /* resident and mapped */
@@ -1227,7 +1227,7 @@ static int perf_measure_reclaim(perf_t *p, int op_index, size_t size, perf_row_t
     for (r = 0; r < reps && !abort_; r++) {
         uint64_t seq = ++p->step_seq;
         if (p->rank == PERF_ORIGIN) {
-            ema_win_stat_t ws;
+            ema_win_stat_t ws = {0};
             if (r == 0) {
                 EMA_CHECK(ema_win_grow(wc, n));
             }
@@ -1294,7 +1294,7 @@ static int perf_measure_reclaim(perf_t *p, int op_index, size_t size, perf_row_t
                         "%.0f us: %s\n", have + n, timeout_ms, us, ema_strerror(st));
                 ok = 0;
             } else if (p->o.verbose) {
-                ema_mem_stat_t ms;
+                ema_mem_stat_t ms = {0};
                 EMA_CHECK(ema_mem_stat(&ms));
                 fprintf(stderr, "ema_perf: reclaim %zu: %.0f us here, %.0f us inside the "
                         "library, %zu bytes lent now\n", n, us, ms.reclaim_last_us,
@@ -1398,7 +1398,7 @@ static int perf_measure_kernel(perf_t *p, int op_index, size_t size, perf_row_t 
     EMA_CHECK(ema_win_allocate(o ? half : 0, &wp, (void **)&h, &wh));
     EMA_CHECK(ema_win_allocate(o ? perf_free() : 0, NULL, (void **)&x, &wx));
     if (o) {
-        ema_win_stat_t ws;
+        ema_win_stat_t ws = {0};
         EMA_CHECK(ema_win_grow(wh, size));
         EMA_CHECK(ema_win_stat(wh, &ws));
         if (ws.bytes_borrowed != half) {
@@ -1473,7 +1473,7 @@ static int perf_measure_prefetch(perf_t *p, int op_index, size_t size, perf_row_
         char *tail = b + bsize - n; /* the copy's destination */
         perf_reserve_samples(p, (size_t)reps);
         for (r = 0; r < reps && ok; r++) {
-            ema_win_stat_t ws;
+            ema_win_stat_t ws = {0};
             EMA_CHECK(ema_win_grow(wc, n));
             uint64_t salt = perf_salt(op_index, n, r);
             p->samples[IMPL_RAW][r] = perf_move_setup(p, "prefetch", wc, c, tail, n, salt);
@@ -1905,7 +1905,7 @@ int main(int argc, char **argv)
     }
 
     {
-        ema_mem_stat_t ms;
+        ema_mem_stat_t ms = {0};
         EMA_CHECK(ema_mem_stat(&ms));
         p->gpu = (ms.memory_kind == EMA_MEMORY_KIND_CUDA);
         if (p->gpu && perf_gpu_init(ms.device < 0 ? 0 : ms.device) != 0) {
@@ -1923,7 +1923,7 @@ int main(int argc, char **argv)
         /* the segment size: a 1-byte window reserves exactly one segment */
         ema_win_h w;
         void *b;
-        ema_win_stat_t ws;
+        ema_win_stat_t ws = {0};
         EMA_CHECK(ema_win_allocate(1, NULL, &b, &w));
         EMA_CHECK(ema_win_stat(w, &ws));
         EMA_CHECK(ema_win_free(w));

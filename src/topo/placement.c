@@ -14,7 +14,7 @@
  * prefixes.  Like CUDA, stop at the first entry that names no GPU (so "-1"
  * or "" hide them all), and ignore a repeated one.  Returns the count.
  */
-static int ema_topo_visible(const ema__topo_t *t, int *visible)
+static int topo_visible(const ema__topo_t *t, int *visible)
 {
     const char *cvd = t->cuda_numbering ? NULL : getenv("CUDA_VISIBLE_DEVICES");
     int n = 0;
@@ -69,7 +69,7 @@ static int ema_topo_visible(const ema__topo_t *t, int *visible)
 }
 
 /* Parse EMA_GPU_MAP into map[] (up to max entries); -1 if malformed. */
-static int ema_topo_parse_map(const char *str, int *map, int max)
+static int topo_parse_map(const char *str, int *map, int max)
 {
     int n = 0;
 
@@ -113,7 +113,7 @@ int ema__topo_default_nranks(const ema__topo_t *topo, const ema__topo_config_t *
     int *visible, n;
 
     if (cfg != NULL && cfg->gpu_map != NULL && cfg->gpu_map[0] != '\0') {
-        n = ema_topo_parse_map(cfg->gpu_map, NULL, 0);
+        n = topo_parse_map(cfg->gpu_map, NULL, 0);
         if (n > 0) {
             return n;
         }
@@ -122,7 +122,7 @@ int ema__topo_default_nranks(const ema__topo_t *topo, const ema__topo_config_t *
         (visible = malloc((size_t)topo->ngpus * sizeof(*visible))) == NULL) {
         return 1;
     }
-    n = ema_topo_visible(topo, visible);
+    n = topo_visible(topo, visible);
     free(visible);
     return n > 0 ? n : 1;
 }
@@ -148,7 +148,7 @@ ema_status_t ema__topo_map_ranks(const ema__topo_t *topo, const ema__topo_config
             status = EMA_ERR_NO_MEMORY;
             goto out;
         }
-        nvis = ema_topo_visible(topo, visible);
+        nvis = topo_visible(topo, visible);
     }
 
     if (gpu_map != NULL && gpu_map[0] != '\0' && topo->ngpus == 0) {
@@ -158,7 +158,7 @@ ema_status_t ema__topo_map_ranks(const ema__topo_t *topo, const ema__topo_config
         gpu_map = NULL;
     }
     if (gpu_map != NULL && gpu_map[0] != '\0') {
-        int n = ema_topo_parse_map(gpu_map, NULL, 0);
+        int n = topo_parse_map(gpu_map, NULL, 0);
         if (n < 0) {
             ema_error("invalid EMA_GPU_MAP '%s' (expected GPU numbers like 0,1,2,3)", gpu_map);
             status = EMA_ERR_INVALID_PARAM;
@@ -174,7 +174,7 @@ ema_status_t ema__topo_map_ranks(const ema__topo_t *topo, const ema__topo_config
             status = EMA_ERR_NO_MEMORY;
             goto out;
         }
-        ema_topo_parse_map(gpu_map, map, n);
+        topo_parse_map(gpu_map, map, n);
         for (int r = 0; r < nranks; r++) {
             if (map[r] >= nvis) {
                 ema_error("EMA_GPU_MAP entry %d for local rank %d: only %d GPU%s visible", map[r],
@@ -218,8 +218,8 @@ typedef struct {
     int    numa_dist;
 } ema_topo_lender_t;
 
-static int ema_topo_numa_of_rank(const ema__topo_t *t, const int *gpu_of_rank,
-                                 const int *numa_of_rank, int r)
+static int topo_numa_of_rank(const ema__topo_t *t, const int *gpu_of_rank,
+                             const int *numa_of_rank, int r)
 {
     if (numa_of_rank != NULL) {
         return numa_of_rank[r];
@@ -228,8 +228,8 @@ static int ema_topo_numa_of_rank(const ema__topo_t *t, const int *gpu_of_rank,
 }
 
 /* Returns 1 if a is the worse lender (goes after b). */
-static int ema_topo_lender_after(const ema_topo_lender_t *a, const ema_topo_lender_t *b,
-                                 int numa_first)
+static int topo_lender_after(const ema_topo_lender_t *a, const ema_topo_lender_t *b,
+                             int numa_first)
 {
     if (numa_first && a->numa_dist != b->numa_dist) {
         return a->numa_dist > b->numa_dist;
@@ -267,7 +267,7 @@ void ema__topo_lender_order(const ema__topo_t *topo, const int *gpu_of_rank,
         return;
     }
     my_gpu  = gpu_of_rank[me];
-    my_numa = ema_topo_numa_of_rank(topo, gpu_of_rank, numa_of_rank, me);
+    my_numa = topo_numa_of_rank(topo, gpu_of_rank, numa_of_rank, me);
     for (int r = 0; r < nranks; r++) {
         if (r == me) {
             continue;
@@ -279,10 +279,10 @@ void ema__topo_lender_order(const ema__topo_t *topo, const int *gpu_of_rank,
                           : ema__topo_bandwidth(topo, my_gpu, gpu_of_rank[r]);
         c.lendable  = lendable != NULL ? lendable[r] : 0;
         c.numa_dist = ema__topo_numa_distance(
-            topo, my_numa, ema_topo_numa_of_rank(topo, gpu_of_rank, numa_of_rank, r));
+            topo, my_numa, topo_numa_of_rank(topo, gpu_of_rank, numa_of_rank, r));
         /* insertion sort: a few ranks per host */
         int i = n++;
-        while (i > 0 && ema_topo_lender_after(&l[i - 1], &c, my_gpu < 0)) {
+        while (i > 0 && topo_lender_after(&l[i - 1], &c, my_gpu < 0)) {
             l[i] = l[i - 1];
             i--;
         }

@@ -48,7 +48,7 @@ typedef struct {
     nvml_return_t (*link_version)(nvml_device_t, unsigned int, unsigned int *);
 } ema_nvml_t;
 
-static int ema_nvml_open(ema_nvml_t *n)
+static int nvml_open(ema_nvml_t *n)
 {
     memset(n, 0, sizeof(*n));
     n->dl = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
@@ -86,7 +86,7 @@ err_close:
  * 5.0 = 7).  Every generation up to 4.0 moves 25 GB/s per link and direction
  * (1.0: 20); 5.0 doubles it.  hwloc's NVML backend uses the same values.
  */
-static double ema_nvml_link_gbps(unsigned version)
+static double nvml_link_gbps(unsigned version)
 {
     if (version == 1) {
         return 20.0;
@@ -97,7 +97,7 @@ static double ema_nvml_link_gbps(unsigned version)
     return version >= 7 ? 50.0 : 0.0;
 }
 
-static int ema_nvml_gpu_of_pci(const ema__topo_gpu_t *gpus, int n, const nvml_pci_info_t *p)
+static int nvml_gpu_of_pci(const ema__topo_gpu_t *gpus, int n, const nvml_pci_info_t *p)
 {
     for (int g = 0; g < n; g++) {
         if (gpus[g].domain == p->domain && gpus[g].bus == p->bus && gpus[g].dev == p->device) {
@@ -117,7 +117,7 @@ ema_status_t ema__topo_probe_nvml(ema__topo_t *t)
     ema_status_t status = EMA_ERR_UNSUPPORTED;
     ema_nvml_t n;
 
-    if (ema_nvml_open(&n) != 0) {
+    if (nvml_open(&n) != 0) {
         return EMA_ERR_UNSUPPORTED;
     }
     if (n.init() != EMA_NVML_SUCCESS) {
@@ -171,13 +171,13 @@ ema_status_t ema__topo_probe_nvml(ema__topo_t *t)
                 n.link_version(dev[g], l, &version) != EMA_NVML_SUCCESS) {
                 continue;
             }
-            p = ema_nvml_gpu_of_pci(gpus, (int)count, &peer);
+            p = nvml_gpu_of_pci(gpus, (int)count, &peer);
             if (p >= 0 && p != (int)g) {
                 /* each side reports its own end of the link: count it once per row */
-                bw[g * count + (unsigned)p] += ema_nvml_link_gbps(version);
+                bw[g * count + (unsigned)p] += nvml_link_gbps(version);
                 nlinks++;
             } else if (p < 0 && (peer.pci_device_id & 0xffff) == EMA_PCI_VENDOR_NVIDIA) {
-                to_sw[g] += ema_nvml_link_gbps(version); /* an NVSwitch */
+                to_sw[g] += nvml_link_gbps(version); /* an NVSwitch */
                 nswitch_links++;
             }
         }

@@ -19,7 +19,7 @@ const ema_config_field_t ema__topo_config_table[] = {
 /* NVML reports MB/s (1 NVLink 2.0-4.0 = 25000); we report GB/s. */
 #define EMA_TOPO_MBPS_TO_GBPS(_v) ((double)(_v) / 1000.0)
 
-static int ema_topo_numa_index(const ema__topo_t *t, int os)
+static int topo_numa_index(const ema__topo_t *t, int os)
 {
     for (int i = 0; i < t->nnuma; i++) {
         if (t->numa_os[i] == os) {
@@ -29,7 +29,7 @@ static int ema_topo_numa_index(const ema__topo_t *t, int os)
     return -1;
 }
 
-static int ema_topo_numa_of_obj(hwloc_obj_t obj)
+static int topo_numa_of_obj(hwloc_obj_t obj)
 {
     hwloc_obj_t anc = obj;
 
@@ -46,7 +46,7 @@ static int ema_topo_numa_of_obj(hwloc_obj_t obj)
 int ema__topo_numa_of_pci(ema__topo_t *t, unsigned domain, unsigned bus, unsigned dev)
 {
     hwloc_obj_t pci = hwloc_get_pcidev_by_busid(t->hw, domain, bus, dev, 0);
-    return pci != NULL ? ema_topo_numa_of_obj(pci) : -1;
+    return pci != NULL ? topo_numa_of_obj(pci) : -1;
 }
 
 void ema__topo_switch_closure(double *bw, const double *to_switch, int n)
@@ -60,7 +60,7 @@ void ema__topo_switch_closure(double *bw, const double *to_switch, int n)
     }
 }
 
-static int ema_topo_osdev_index(hwloc_obj_t obj, const char *prefix)
+static int topo_osdev_index(hwloc_obj_t obj, const char *prefix)
 {
     size_t len = strlen(prefix);
     char *end;
@@ -76,7 +76,7 @@ static int ema_topo_osdev_index(hwloc_obj_t obj, const char *prefix)
     return (int)idx;
 }
 
-static hwloc_obj_t ema_topo_pci_parent(hwloc_obj_t obj)
+static hwloc_obj_t topo_pci_parent(hwloc_obj_t obj)
 {
     for (hwloc_obj_t p = obj->parent; p != NULL; p = p->parent) {
         if (p->type == HWLOC_OBJ_PCI_DEVICE) {
@@ -95,8 +95,8 @@ static hwloc_obj_t ema_topo_pci_parent(hwloc_obj_t obj)
  * and is the one the NVLinkBandwidth matrix uses, so it wins.  gpu_objs[i]
  * gets the objects the matrix may name for GPU i (nvml, cuda, pci).
  */
-static ema_status_t ema_topo_hwloc_gpus(ema__topo_t *t, hwloc_obj_t (**objs_p)[3],
-                                        int *have_nvml_p)
+static ema_status_t topo_hwloc_gpus(ema__topo_t *t, hwloc_obj_t (**objs_p)[3],
+                                    int *have_nvml_p)
 {
     hwloc_obj_t (*objs)[3] = NULL;
     hwloc_obj_t osdev = NULL;
@@ -104,16 +104,16 @@ static ema_status_t ema_topo_hwloc_gpus(ema__topo_t *t, hwloc_obj_t (**objs_p)[3
     const char *prefix;
 
     while ((osdev = hwloc_get_next_osdev(t->hw, osdev)) != NULL) {
-        int i = ema_topo_osdev_index(osdev, "nvml");
+        int i = topo_osdev_index(osdev, "nvml");
         if (i >= 0) {
             n_nvml++;
-        } else if ((i = ema_topo_osdev_index(osdev, "cuda")) >= 0) {
+        } else if ((i = topo_osdev_index(osdev, "cuda")) >= 0) {
             n_cuda++;
         }
     }
     prefix = n_nvml > 0 ? "nvml" : "cuda";
     while ((osdev = hwloc_get_next_osdev(t->hw, osdev)) != NULL) {
-        int i = ema_topo_osdev_index(osdev, prefix);
+        int i = topo_osdev_index(osdev, prefix);
         max_idx = i > max_idx ? i : max_idx;
     }
     *have_nvml_p = n_nvml > 0;
@@ -134,12 +134,12 @@ static ema_status_t ema_topo_hwloc_gpus(ema__topo_t *t, hwloc_obj_t (**objs_p)[3
         t->gpus[g].numa = -1;
     }
     while ((osdev = hwloc_get_next_osdev(t->hw, osdev)) != NULL) {
-        int g = ema_topo_osdev_index(osdev, prefix);
+        int g = topo_osdev_index(osdev, prefix);
         if (g < 0) {
             continue;
         }
         ema__topo_gpu_t *gpu = &t->gpus[g];
-        hwloc_obj_t pci      = ema_topo_pci_parent(osdev);
+        hwloc_obj_t pci      = topo_pci_parent(osdev);
         const char *model    = hwloc_obj_get_info_by_name(osdev, "GPUModel");
         const char *uuid     = hwloc_obj_get_info_by_name(osdev, "NVIDIAUUID");
 
@@ -147,7 +147,7 @@ static ema_status_t ema_topo_hwloc_gpus(ema__topo_t *t, hwloc_obj_t (**objs_p)[3
         objs[g][2] = pci;
         snprintf(gpu->model, sizeof(gpu->model), "%s", model ? model : "NVIDIA GPU");
         snprintf(gpu->uuid, sizeof(gpu->uuid), "%s", uuid ? uuid : "");
-        gpu->numa = ema_topo_numa_of_obj(osdev);
+        gpu->numa = topo_numa_of_obj(osdev);
         if (pci != NULL) {
             gpu->has_pci = 1;
             gpu->domain  = pci->attr->pcidev.domain;
@@ -155,7 +155,7 @@ static ema_status_t ema_topo_hwloc_gpus(ema__topo_t *t, hwloc_obj_t (**objs_p)[3
             gpu->dev     = pci->attr->pcidev.dev;
             /* the cuda OS device of the same GPU, for a matrix that names it */
             for (hwloc_obj_t c = pci->io_first_child; c != NULL; c = c->next_sibling) {
-                if (c != osdev && ema_topo_osdev_index(c, "cuda") >= 0) {
+                if (c != osdev && topo_osdev_index(c, "cuda") >= 0) {
                     objs[g][1] = c;
                 }
             }
@@ -172,13 +172,13 @@ err_free:
     return EMA_ERR_NO_MEMORY;
 }
 
-static int ema_topo_is_nvswitch(hwloc_obj_t obj)
+static int topo_is_nvswitch(hwloc_obj_t obj)
 {
     return obj != NULL && obj->subtype != NULL && !strcmp(obj->subtype, "NVSwitch");
 }
 
 /* Returns 1 when hwloc had an NVLinkBandwidth matrix and t->bw was filled. */
-static int ema_topo_hwloc_matrix(ema__topo_t *t, hwloc_obj_t (*objs)[3])
+static int topo_hwloc_matrix(ema__topo_t *t, hwloc_obj_t (*objs)[3])
 {
     struct hwloc_distances_s *d = NULL;
     unsigned nr = 1, nsw = 0;
@@ -194,7 +194,7 @@ static int ema_topo_hwloc_matrix(ema__topo_t *t, hwloc_obj_t (*objs)[3])
     }
     for (unsigned i = 0; i < d->nbobjs; i++) {
         gpu_of[i] = -1;
-        nsw += ema_topo_is_nvswitch(d->objs[i]);
+        nsw += topo_is_nvswitch(d->objs[i]);
         for (int g = 0; g < t->ngpus && gpu_of[i] < 0; g++) {
             for (int k = 0; k < 3; k++) {
                 if (objs[g][k] != NULL && objs[g][k] == d->objs[i]) {
@@ -219,7 +219,7 @@ static int ema_topo_hwloc_matrix(ema__topo_t *t, hwloc_obj_t (*objs)[3])
         }
         for (unsigned i = 0; i < d->nbobjs; i++) {
             for (unsigned k = 0; k < d->nbobjs; k++) {
-                if (gpu_of[i] >= 0 && ema_topo_is_nvswitch(d->objs[k])) {
+                if (gpu_of[i] >= 0 && topo_is_nvswitch(d->objs[k])) {
                     to_sw[gpu_of[i]] += EMA_TOPO_MBPS_TO_GBPS(d->values[i * d->nbobjs + k]);
                 }
             }
@@ -247,7 +247,7 @@ out:
     return filled;
 }
 
-static ema_status_t ema_topo_numa(ema__topo_t *t)
+static ema_status_t topo_numa(ema__topo_t *t)
 {
     struct hwloc_distances_s *d = NULL;
     unsigned nr = 1;
@@ -269,8 +269,8 @@ static ema_status_t ema_topo_numa(ema__topo_t *t)
             }
             for (unsigned i = 0; i < d->nbobjs; i++) {
                 for (unsigned j = 0; j < d->nbobjs; j++) {
-                    int a = ema_topo_numa_index(t, (int)d->objs[i]->os_index);
-                    int b = ema_topo_numa_index(t, (int)d->objs[j]->os_index);
+                    int a = topo_numa_index(t, (int)d->objs[i]->os_index);
+                    int b = topo_numa_index(t, (int)d->objs[j]->os_index);
                     if (a >= 0 && b >= 0) {
                         t->numa_dist[a * t->nnuma + b] = (int)d->values[i * d->nbobjs + j];
                     }
@@ -282,7 +282,7 @@ static ema_status_t ema_topo_numa(ema__topo_t *t)
     return EMA_SUCCESS;
 }
 
-static int ema_topo_find_my_numa(ema__topo_t *t)
+static int topo_find_my_numa(ema__topo_t *t)
 {
     hwloc_bitmap_t cpus, nodes;
     int numa = -1;
@@ -341,13 +341,13 @@ ema_status_t ema__topo_load(ema__topo_t **topo_p)
     }
     t->thissystem = hwloc_topology_is_thissystem(t->hw);
 
-    status = ema_topo_numa(t);
+    status = topo_numa(t);
     if (status != EMA_SUCCESS) {
         goto err_hwloc;
     }
-    t->my_numa = ema_topo_find_my_numa(t);
+    t->my_numa = topo_find_my_numa(t);
 
-    status = ema_topo_hwloc_gpus(t, &objs, &have_nvml);
+    status = topo_hwloc_gpus(t, &objs, &have_nvml);
     if (status != EMA_SUCCESS) {
         goto err_numa;
     }
@@ -357,7 +357,7 @@ ema_status_t ema__topo_load(ema__topo_t **topo_p)
             status = EMA_ERR_NO_MEMORY;
             goto err_gpus;
         }
-        if (ema_topo_hwloc_matrix(t, objs)) {
+        if (topo_hwloc_matrix(t, objs)) {
             goto out;
         }
     }
@@ -448,8 +448,8 @@ int ema__topo_numa_distance(const ema__topo_t *topo, int numa_a, int numa_b)
     if (topo == NULL || numa_a < 0 || numa_b < 0) {
         return EMA_TOPO_NUMA_UNKNOWN;
     }
-    a = ema_topo_numa_index(topo, numa_a);
-    b = ema_topo_numa_index(topo, numa_b);
+    a = topo_numa_index(topo, numa_a);
+    b = topo_numa_index(topo, numa_b);
     if (a < 0 || b < 0) {
         return EMA_TOPO_NUMA_UNKNOWN;
     }

@@ -57,12 +57,12 @@ int ema__config_parse_size(const char *str, size_t *size_p)
     return 0;
 }
 
-static int ema_config_size_parse(const char *str, void *dst, const void *arg)
+static int config_size_parse(const char *str, void *dst, const void *arg)
 {
     return ema__config_parse_size(str, (size_t *)dst);
 }
 
-static void ema_config_size_print(char *buf, size_t max, const void *src, const void *arg)
+static void config_size_print(char *buf, size_t max, const void *src, const void *arg)
 {
     size_t v = *(const size_t *)src;
     static const char suffix[] = {'\0', 'K', 'M', 'G', 'T'};
@@ -78,10 +78,10 @@ static void ema_config_size_print(char *buf, size_t max, const void *src, const 
     }
 }
 
-const ema_config_parser_t ema__config_size = {ema_config_size_parse, ema_config_size_print,
+const ema_config_parser_t ema__config_size = {config_size_parse, config_size_print,
                                               NULL, "size: 4096, 64K, 2M, 1G, at most 1024T"};
 
-static int ema_config_bool_parse(const char *str, void *dst, const void *arg)
+static int config_bool_parse(const char *str, void *dst, const void *arg)
 {
     static const char *yes[] = {"1", "y", "yes", "on", "true"};
     static const char *no[]  = {"0", "n", "no", "off", "false"};
@@ -98,15 +98,15 @@ static int ema_config_bool_parse(const char *str, void *dst, const void *arg)
     return -1;
 }
 
-static void ema_config_bool_print(char *buf, size_t max, const void *src, const void *arg)
+static void config_bool_print(char *buf, size_t max, const void *src, const void *arg)
 {
     snprintf(buf, max, "%s", *(const int *)src ? "y" : "n");
 }
 
-const ema_config_parser_t ema__config_bool = {ema_config_bool_parse, ema_config_bool_print,
+const ema_config_parser_t ema__config_bool = {config_bool_parse, config_bool_print,
                                               NULL, "bool: y|n"};
 
-static int ema_config_uint_parse(const char *str, void *dst, const void *arg)
+static int config_uint_parse(const char *str, void *dst, const void *arg)
 {
     char *end;
     unsigned long long v;
@@ -122,12 +122,12 @@ static int ema_config_uint_parse(const char *str, void *dst, const void *arg)
     return 0;
 }
 
-static void ema_config_uint_print(char *buf, size_t max, const void *src, const void *arg)
+static void config_uint_print(char *buf, size_t max, const void *src, const void *arg)
 {
     snprintf(buf, max, "%u", *(const unsigned *)src);
 }
 
-const ema_config_parser_t ema__config_uint = {ema_config_uint_parse, ema_config_uint_print,
+const ema_config_parser_t ema__config_uint = {config_uint_parse, config_uint_print,
                                               NULL, "unsigned integer"};
 
 /*
@@ -136,7 +136,7 @@ const ema_config_parser_t ema__config_uint = {ema_config_uint_parse, ema_config_
  * timeout meant "no timeout" or an overflow where it is converted to an
  * integer; none of them is a duration anyone means.
  */
-static int ema_config_double_parse(const char *str, void *dst, const void *arg)
+static int config_double_parse(const char *str, void *dst, const void *arg)
 {
     char *end;
     double v;
@@ -156,31 +156,31 @@ static int ema_config_double_parse(const char *str, void *dst, const void *arg)
     return 0;
 }
 
-static void ema_config_double_print(char *buf, size_t max, const void *src, const void *arg)
+static void config_double_print(char *buf, size_t max, const void *src, const void *arg)
 {
     snprintf(buf, max, "%g", *(const double *)src);
 }
 
-const ema_config_parser_t ema__config_double = {ema_config_double_parse,
-                                                ema_config_double_print, NULL,
+const ema_config_parser_t ema__config_double = {config_double_parse,
+                                                config_double_print, NULL,
                                                 "a number from 0 to 1e9: 0.5, 2, 1e3"};
 
 /* Strings point into the environment or into the table's default, both of
  * which outlive the config. */
-static int ema_config_string_parse(const char *str, void *dst, const void *arg)
+static int config_string_parse(const char *str, void *dst, const void *arg)
 {
     *(const char **)dst = str;
     return 0;
 }
 
-static void ema_config_string_print(char *buf, size_t max, const void *src, const void *arg)
+static void config_string_print(char *buf, size_t max, const void *src, const void *arg)
 {
     const char *s = *(const char *const *)src;
     snprintf(buf, max, "%s", s ? s : "");
 }
 
-const ema_config_parser_t ema__config_string = {ema_config_string_parse,
-                                                ema_config_string_print, NULL, "string"};
+const ema_config_parser_t ema__config_string = {config_string_parse,
+                                                config_string_print, NULL, "string"};
 
 /* arg is a NULL-terminated array of names; the value stored is the index. */
 int ema__config_enum_parse(const char *str, void *dst, const void *arg)
@@ -201,7 +201,7 @@ void ema__config_enum_print(char *buf, size_t max, const void *src, const void *
     snprintf(buf, max, "%s", names[*(const int *)src]);
 }
 
-static void ema_config_enum_syntax(const ema_config_field_t *f, char *buf, size_t max)
+static void config_enum_syntax(const ema_config_field_t *f, char *buf, size_t max)
 {
     if (f->parser->parse != ema__config_enum_parse) {
         snprintf(buf, max, "%s", f->parser->syntax);
@@ -232,7 +232,7 @@ ema_status_t ema__config_read(const ema_config_field_t *table, void *opts)
         }
         if (f->parser->parse(val, dst, f->parser->arg) != 0) {
             char syntax[256];
-            ema_config_enum_syntax(f, syntax, sizeof(syntax));
+            config_enum_syntax(f, syntax, sizeof(syntax));
             ema_error("invalid value '%s' for %s (expected %s)", val, var, syntax);
             /* restore the default so that a failed read leaves sane values */
             f->parser->parse(f->dfl, dst, f->parser->arg);
@@ -248,7 +248,7 @@ void ema__config_print(const ema_config_field_t *table, const void *opts, FILE *
 
     for (const ema_config_field_t *f = table; f->name != NULL; f++) {
         f->parser->print(value, sizeof(value), (const char *)opts + f->offset, f->parser->arg);
-        ema_config_enum_syntax(f, syntax, sizeof(syntax));
+        config_enum_syntax(f, syntax, sizeof(syntax));
         fprintf(stream, "#\n# %s\n# syntax: %s, default: %s\n#\nEMA_%s=%s\n", f->help, syntax,
                 f->dfl, f->name, value);
     }
@@ -279,7 +279,7 @@ void ema__config_warn_unknown(const ema_config_field_t *const *tables)
 }
 
 /* A size, or "auto" (stored as 0) for a default that depends on other settings. */
-static int ema_config_size_auto_parse(const char *str, void *dst, const void *arg)
+static int config_size_auto_parse(const char *str, void *dst, const void *arg)
 {
     if (!strcasecmp(str, "auto")) {
         *(size_t *)dst = 0;
@@ -288,15 +288,15 @@ static int ema_config_size_auto_parse(const char *str, void *dst, const void *ar
     return ema__config_parse_size(str, (size_t *)dst);
 }
 
-static void ema_config_size_auto_print(char *buf, size_t max, const void *src, const void *arg)
+static void config_size_auto_print(char *buf, size_t max, const void *src, const void *arg)
 {
     if (*(const size_t *)src == 0) {
         snprintf(buf, max, "auto");
     } else {
-        ema_config_size_print(buf, max, src, arg);
+        config_size_print(buf, max, src, arg);
     }
 }
 
-const ema_config_parser_t ema__config_size_auto = {ema_config_size_auto_parse,
-                                                   ema_config_size_auto_print, NULL,
+const ema_config_parser_t ema__config_size_auto = {config_size_auto_parse,
+                                                   config_size_auto_print, NULL,
                                                    "auto or a size: 4096, 64K, 2M, 1G, at most 1024T"};

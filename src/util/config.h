@@ -1,7 +1,11 @@
 /*
  * Configuration tables, UCX style: each module keeps one table of
  * {name, default, help, offset, parser} describing the fields of its config
- * struct.  Tables are read once at ema_init(); nothing else calls getenv().
+ * struct.  Tables are read once at ema_init(), and this is the only code that
+ * reads an EMA_* variable.  The library's other getenv() calls read variables
+ * that belong to others: the launcher's PMIX_* (boot/boot.c, to tell a
+ * launched process from a singleton) and CUDA_VISIBLE_DEVICES
+ * (topo/placement.c, to number GPUs as CUDA does).
  */
 #ifndef EMA_UTIL_CONFIG_H_
 #define EMA_UTIL_CONFIG_H_

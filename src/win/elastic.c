@@ -377,6 +377,14 @@ EMA_EXPORT ema_status_t ema_win_stat(ema_win_h win, ema_win_stat_t *stat_p)
     if (stat_p == NULL) {
         return EMA_ERR_INVALID_PARAM;
     }
+    /* field_mask 0 (a caller that zeroes the struct) asks for every field;
+     * bits this version does not know are ignored, not refused, so that a
+     * caller built against a later ema.h still gets what exists here. */
+    const uint64_t known = EMA_WIN_STAT_FIELD_SIZE | EMA_WIN_STAT_FIELD_MAX_SIZE |
+                           EMA_WIN_STAT_FIELD_BYTES_LOCAL | EMA_WIN_STAT_FIELD_BYTES_BORROWED |
+                           EMA_WIN_STAT_FIELD_BYTES_SPILLED | EMA_WIN_STAT_FIELD_MIGRATIONS |
+                           EMA_WIN_STAT_FIELD_BYTES_WANTED;
+    uint64_t want = stat_p->field_mask ? (stat_p->field_mask & known) : known;
     ema__win_ctx_t *ctx   = win->ctx;
     ema__win_part_t *part = &win->parts[ctx->rank];
     ema_win_stat_t st;
@@ -402,7 +410,17 @@ EMA_EXPORT ema_status_t ema_win_stat(ema_win_h win, ema_win_stat_t *stat_p)
     st.migrations = win->stats.migrations;
     st.bytes_wanted = ema__win_wanted_bytes(win);
     pthread_mutex_unlock(&win->lock);
-    *stat_p = st;
+#define EMA_STAT_COPY(_bit, _field) \
+    do { if (want & EMA_WIN_STAT_FIELD_##_bit) stat_p->_field = st._field; } while (0)
+    EMA_STAT_COPY(SIZE, size);
+    EMA_STAT_COPY(MAX_SIZE, max_size);
+    EMA_STAT_COPY(BYTES_LOCAL, bytes_local);
+    EMA_STAT_COPY(BYTES_BORROWED, bytes_borrowed);
+    EMA_STAT_COPY(BYTES_SPILLED, bytes_spilled);
+    EMA_STAT_COPY(MIGRATIONS, migrations);
+    EMA_STAT_COPY(BYTES_WANTED, bytes_wanted);
+#undef EMA_STAT_COPY
+    stat_p->field_mask = want;
     return EMA_SUCCESS;
 }
 

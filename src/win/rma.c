@@ -17,8 +17,8 @@ static struct ema_request ema_req_done = {.magic = EMA_REQ_MAGIC_DONE};
 
 typedef enum { EMA_OP_PUT, EMA_OP_GET } ema_op_t;
 
-static inline ema_status_t ema_rma_check(ema_win_h win, int rank, size_t offset, const void *buf,
-                                         size_t len)
+static inline ema_status_t rma_check(ema_win_h win, int rank, size_t offset, const void *buf,
+                                     size_t len)
 {
     ema_status_t status = ema__win_check_live(win);
     if (status != EMA_SUCCESS) {
@@ -52,8 +52,8 @@ static inline ema_status_t ema_rma_check(ema_win_h win, int rank, size_t offset,
  * Returns 0 if the segment is moving; the caller waits and retries.  Must be
  * called with ctx->inflight raised (see ema__win_inval_local).
  */
-static inline size_t ema_rma_run(ema_win_h win, const ema__win_part_t *part, size_t offset,
-                                 size_t len, int *rank_p, int *tier_p, uint64_t *raddr_p)
+static inline size_t rma_run(ema_win_h win, const ema__win_part_t *part, size_t offset,
+                             size_t len, int *rank_p, int *tier_p, uint64_t *raddr_p)
 {
     ema__win_ctx_t *ctx = win->ctx;
     size_t seg  = ctx->seg_size;
@@ -90,41 +90,41 @@ static inline size_t ema_rma_run(ema_win_h win, const ema__win_part_t *part, siz
  * invalidation flips the epoch and waits only for the old one's count, so
  * operations that start later (and see the segments MOVING) cannot keep it
  * waiting, however many threads issue them. */
-static inline int ema_rma_in(ema__win_ctx_t *ctx)
+static inline int rma_in(ema__win_ctx_t *ctx)
 {
     int ep = atomic_load(&ctx->epoch) & 1;
     atomic_fetch_add(&ctx->inflight[ep], 1);
     return ep;
 }
 
-static inline void ema_rma_leave(ema__win_ctx_t *ctx, int ep)
+static inline void rma_leave(ema__win_ctx_t *ctx, int ep)
 {
     atomic_fetch_sub(&ctx->inflight[ep], 1);
 }
 
 /* An operation handed to UCX: counted for the flushes of @trank (see
  * ema_win_flush), then out of flight. */
-static inline void ema_rma_issued(ema__win_ctx_t *ctx, int trank, int ep)
+static inline void rma_issued(ema__win_ctx_t *ctx, int trank, int ep)
 {
     atomic_fetch_add(&ctx->issued[trank], 1);
     atomic_fetch_add(&ctx->issued_all, 1);
-    ema_rma_leave(ctx, ep);
+    rma_leave(ctx, ep);
 }
 
 /* A segment is moving: let the migration finish (answering invalidations
  * ourselves if need be), then look again. */
-static int ema_rma_wait_moving(ema__win_ctx_t *ctx, int ep)
+static int rma_wait_moving(ema__win_ctx_t *ctx, int ep)
 {
-    ema_rma_leave(ctx, ep);
+    rma_leave(ctx, ep);
     ema__xport_wait_step(ctx->xp, EMA_WAIT_QUICK);
-    return ema_rma_in(ctx);
+    return rma_in(ctx);
 }
 
-static void ema_rma_noop_cb(void *request, ucs_status_t status, void *user_data)
+static void rma_noop_cb(void *request, ucs_status_t status, void *user_data)
 {
 }
 
-static void ema_rma_agg_cb(void *request, ucs_status_t status, void *user_data)
+static void rma_agg_cb(void *request, ucs_status_t status, void *user_data)
 {
     struct ema_request *agg = user_data;
     if (status != UCS_OK) {
@@ -135,9 +135,9 @@ static void ema_rma_agg_cb(void *request, ucs_status_t status, void *user_data)
     atomic_fetch_sub_explicit(&agg->pending, 1, memory_order_release);
 }
 
-static inline ucs_status_ptr_t ema_rma_issue(ema__win_ctx_t *ctx, ema_op_t op, int rank,
-                                             int tier, void *buf, size_t len, uint64_t raddr,
-                                             const ucp_request_param_t *param)
+static inline ucs_status_ptr_t rma_issue(ema__win_ctx_t *ctx, ema_op_t op, int rank,
+                                         int tier, void *buf, size_t len, uint64_t raddr,
+                                         const ucp_request_param_t *param)
 {
     ucp_ep_h ep     = ctx->xp->eps[rank];
     ucp_rkey_h rkey = ema__xport_mr_rkey(&ctx->mr[tier], rank, raddr);
@@ -151,19 +151,19 @@ static inline ucs_status_ptr_t ema_rma_issue(ema__win_ctx_t *ctx, ema_op_t op, i
  * operation and drops inflight; or 0, inflight dropped, if the range has
  * left the part (a shrink raced the operation).
  */
-static inline size_t ema_rma_enter(ema_win_h win, ema__win_part_t *part, size_t offset,
-                                   size_t len, int *rank_p, int *tier_p, uint64_t *raddr_p,
-                                   int *ep_p)
+static inline size_t rma_enter(ema_win_h win, ema__win_part_t *part, size_t offset,
+                               size_t len, int *rank_p, int *tier_p, uint64_t *raddr_p,
+                               int *ep_p)
 {
     ema__win_ctx_t *ctx = win->ctx;
     size_t n;
-    int ep = ema_rma_in(ctx);
+    int ep = rma_in(ctx);
 
-    while ((n = ema_rma_run(win, part, offset, len, rank_p, tier_p, raddr_p)) == 0) {
-        ep = ema_rma_wait_moving(ctx, ep);
+    while ((n = rma_run(win, part, offset, len, rank_p, tier_p, raddr_p)) == 0) {
+        ep = rma_wait_moving(ctx, ep);
     }
     if (n == SIZE_MAX) {
-        ema_rma_leave(ctx, ep);
+        rma_leave(ctx, ep);
         return 0;
     }
     *ep_p = ep;
@@ -172,13 +172,13 @@ static inline size_t ema_rma_enter(ema_win_h win, ema__win_part_t *part, size_t 
 
 /* Direct access (host kind): the run's bytes are copied with the CPU into
  * or out of the holder's memory, mapped in this process. */
-static inline char *ema_rma_local(ema__win_ctx_t *ctx, int rank, int tier, uint64_t raddr)
+static inline char *rma_local(ema__win_ctx_t *ctx, int rank, int tier, uint64_t raddr)
 {
     return ctx->peer_base[tier][rank] + (raddr - ctx->mr[tier].bases[rank]);
 }
 
-static ema_status_t ema_rma_direct(ema_win_h win, ema_op_t op, int rank, size_t offset,
-                                   void *buf, size_t len)
+static ema_status_t rma_direct(ema_win_h win, ema_op_t op, int rank, size_t offset,
+                               void *buf, size_t len)
 {
     ema__win_ctx_t *ctx   = win->ctx;
     ema__win_part_t *part = &win->parts[rank];
@@ -188,17 +188,17 @@ static ema_status_t ema_rma_direct(ema_win_h win, ema_op_t op, int rank, size_t 
 
     while (len > 0) {
         /* inflight covers the copy: a migration waits for it to finish */
-        n = ema_rma_enter(win, part, offset, len, &trank, &tier, &raddr, &ep);
+        n = rma_enter(win, part, offset, len, &trank, &tier, &raddr, &ep);
         if (n == 0) {
             return EMA_ERR_RANGE;
         }
-        char *p = ema_rma_local(ctx, trank, tier, raddr);
+        char *p = rma_local(ctx, trank, tier, raddr);
         if (op == EMA_OP_PUT) {
             memcpy(p, buf, n);
         } else {
             memcpy(buf, p, n);
         }
-        ema_rma_leave(ctx, ep);
+        rma_leave(ctx, ep);
         buf = (char *)buf + n;
         offset += n;
         len -= n;
@@ -207,11 +207,11 @@ static ema_status_t ema_rma_direct(ema_win_h win, ema_op_t op, int rank, size_t 
 }
 
 /* Blocking: issue every run, then wait for all of them. */
-static ema_status_t ema_rma_blocking(ema_win_h win, ema_op_t op, int rank, size_t offset,
-                                     void *buf, size_t len)
+static ema_status_t rma_blocking(ema_win_h win, ema_op_t op, int rank, size_t offset,
+                                 void *buf, size_t len)
 {
     if (win->ctx->direct) {
-        return ema_rma_direct(win, op, rank, offset, buf, len);
+        return rma_direct(win, op, rank, offset, buf, len);
     }
     ema__win_ctx_t *ctx = win->ctx;
     ema__win_part_t *part = &win->parts[rank];
@@ -226,23 +226,23 @@ static ema_status_t ema_rma_blocking(ema_win_h win, ema_op_t op, int rank, size_
     int fl_rank = -1, fl_ok = (op == EMA_OP_PUT && ctx->put_flush);
 
     param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK;
-    param.cb.send      = ema_rma_noop_cb;
+    param.cb.send      = rma_noop_cb;
     /* The whole operation counts as a wait: the progress thread leaves the
      * worker (and its lock) to this thread meanwhile. */
     ema__xport_app_enter(ctx->xp);
     while (len > 0) {
-        size_t n = ema_rma_enter(win, part, offset, len, &trank, &tier, &raddr, &ep);
+        size_t n = rma_enter(win, part, offset, len, &trank, &tier, &raddr, &ep);
         if (n == 0) {
             status = EMA_ERR_RANGE;
             break;
         }
-        ucs_status_ptr_t sp = ema_rma_issue(ctx, op, trank, tier, buf, n, raddr, &param);
+        ucs_status_ptr_t sp = rma_issue(ctx, op, trank, tier, buf, n, raddr, &param);
         if (op == EMA_OP_PUT) {
-            ema_rma_issued(ctx, trank, ep); /* complete at the target after a flush */
+            rma_issued(ctx, trank, ep); /* complete at the target after a flush */
             fl_ok   = fl_ok && (fl_rank < 0 || fl_rank == trank);
             fl_rank = trank;
         } else {
-            ema_rma_leave(ctx, ep); /* complete when it returns */
+            rma_leave(ctx, ep); /* complete when it returns */
         }
         if (UCS_PTR_IS_ERR(sp)) {
             st = ema__xport_wait(ctx->xp, sp, op == EMA_OP_PUT ? "ucp_put_nbx" : "ucp_get_nbx");
@@ -287,8 +287,8 @@ static ema_status_t ema_rma_blocking(ema_win_h win, ema_op_t op, int rank, size_
     return status;
 }
 
-static ema_status_t ema_rma_nb(ema_win_h win, ema_op_t op, int rank, size_t offset, void *buf,
-                               size_t len, ema_request_h *req_p)
+static ema_status_t rma_nb(ema_win_h win, ema_op_t op, int rank, size_t offset, void *buf,
+                           size_t len, ema_request_h *req_p)
 {
     ema__win_ctx_t *ctx = win->ctx;
     ema__win_part_t *part = &win->parts[rank];
@@ -304,22 +304,22 @@ static ema_status_t ema_rma_nb(ema_win_h win, ema_op_t op, int rank, size_t offs
     }
     if (ctx->direct) {
         /* a copy completes at once: the request is born complete */
-        ema_status_t status = ema_rma_direct(win, op, rank, offset, buf, len);
+        ema_status_t status = rma_direct(win, op, rank, offset, buf, len);
         if (status == EMA_SUCCESS) {
             *req_p = &ema_req_done;
         }
         return status;
     }
-    n = ema_rma_enter(win, part, offset, len, &trank, &tier, &raddr, &ep);
+    n = rma_enter(win, part, offset, len, &trank, &tier, &raddr, &ep);
     if (n == 0) {
         return EMA_ERR_RANGE;
     }
     if (n == len) {
         /* one run: the UCX request is the handle */
         param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK;
-        param.cb.send      = ema_rma_noop_cb;
-        ucs_status_ptr_t sp = ema_rma_issue(ctx, op, trank, tier, buf, n, raddr, &param);
-        ema_rma_issued(ctx, trank, ep);
+        param.cb.send      = rma_noop_cb;
+        ucs_status_ptr_t sp = rma_issue(ctx, op, trank, tier, buf, n, raddr, &param);
+        rma_issued(ctx, trank, ep);
         if (sp == NULL) {
             *req_p = &ema_req_done;
             return EMA_SUCCESS;
@@ -334,7 +334,7 @@ static ema_status_t ema_rma_nb(ema_win_h win, ema_op_t op, int rank, size_t offs
         return EMA_SUCCESS;
     }
 
-    ema_rma_leave(ctx, ep);
+    rma_leave(ctx, ep);
     agg = malloc(sizeof(*agg));
     if (agg == NULL) {
         return EMA_ERR_NO_MEMORY;
@@ -344,18 +344,18 @@ static ema_status_t ema_rma_nb(ema_win_h win, ema_op_t op, int rank, size_t offs
     atomic_init(&agg->status, EMA_SUCCESS);
     atomic_init(&agg->pending, 1); /* held until every run is issued */
     param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
-    param.cb.send      = ema_rma_agg_cb;
+    param.cb.send      = rma_agg_cb;
     param.user_data    = agg;
     while (len > 0) {
-        n = ema_rma_enter(win, part, offset, len, &trank, &tier, &raddr, &ep);
+        n = rma_enter(win, part, offset, len, &trank, &tier, &raddr, &ep);
         if (n == 0) {
             int expected = EMA_SUCCESS;
             atomic_compare_exchange_strong(&agg->status, &expected, EMA_ERR_RANGE);
             break;
         }
         atomic_fetch_add(&agg->pending, 1);
-        ucs_status_ptr_t sp = ema_rma_issue(ctx, op, trank, tier, buf, n, raddr, &param);
-        ema_rma_issued(ctx, trank, ep);
+        ucs_status_ptr_t sp = rma_issue(ctx, op, trank, tier, buf, n, raddr, &param);
+        rma_issued(ctx, trank, ep);
         if (sp == NULL || UCS_PTR_IS_ERR(sp)) {
             if (UCS_PTR_IS_ERR(sp)) {
                 ema_error("%s failed: %s", op == EMA_OP_PUT ? "ucp_put_nbx" : "ucp_get_nbx",
@@ -378,49 +378,49 @@ static ema_status_t ema_rma_nb(ema_win_h win, ema_op_t op, int rank, size_t offs
 EMA_EXPORT ema_status_t ema_put(ema_win_h win, int rank, size_t offset, const void *buf,
                                 size_t len)
 {
-    ema_status_t status = ema_rma_check(win, rank, offset, buf, len);
+    ema_status_t status = rma_check(win, rank, offset, buf, len);
     if (status != EMA_SUCCESS || len == 0) {
         return status;
     }
-    return ema_rma_blocking(win, EMA_OP_PUT, rank, offset, (void *)buf, len);
+    return rma_blocking(win, EMA_OP_PUT, rank, offset, (void *)buf, len);
 }
 
 EMA_EXPORT ema_status_t ema_get(ema_win_h win, int rank, size_t offset, void *buf, size_t len)
 {
-    ema_status_t status = ema_rma_check(win, rank, offset, buf, len);
+    ema_status_t status = rma_check(win, rank, offset, buf, len);
     if (status != EMA_SUCCESS || len == 0) {
         return status;
     }
-    return ema_rma_blocking(win, EMA_OP_GET, rank, offset, buf, len);
+    return rma_blocking(win, EMA_OP_GET, rank, offset, buf, len);
 }
 
 EMA_EXPORT ema_status_t ema_put_nb(ema_win_h win, int rank, size_t offset, const void *buf,
                                    size_t len, ema_request_h *req_p)
 {
-    ema_status_t status = ema_rma_check(win, rank, offset, buf, len);
+    ema_status_t status = rma_check(win, rank, offset, buf, len);
     if (status != EMA_SUCCESS) {
         return status;
     }
     if (req_p == NULL) {
         return EMA_ERR_INVALID_PARAM;
     }
-    return ema_rma_nb(win, EMA_OP_PUT, rank, offset, (void *)buf, len, req_p);
+    return rma_nb(win, EMA_OP_PUT, rank, offset, (void *)buf, len, req_p);
 }
 
 EMA_EXPORT ema_status_t ema_get_nb(ema_win_h win, int rank, size_t offset, void *buf,
                                    size_t len, ema_request_h *req_p)
 {
-    ema_status_t status = ema_rma_check(win, rank, offset, buf, len);
+    ema_status_t status = rma_check(win, rank, offset, buf, len);
     if (status != EMA_SUCCESS) {
         return status;
     }
     if (req_p == NULL) {
         return EMA_ERR_INVALID_PARAM;
     }
-    return ema_rma_nb(win, EMA_OP_GET, rank, offset, buf, len, req_p);
+    return rma_nb(win, EMA_OP_GET, rank, offset, buf, len, req_p);
 }
 
-static ema_status_t ema_req_check(ema_request_h req)
+static ema_status_t rma_req_check(ema_request_h req)
 {
     ema_status_t status = ema__check_ready();
     if (status != EMA_SUCCESS) {
@@ -434,7 +434,7 @@ static ema_status_t ema_req_check(ema_request_h req)
 }
 
 /* Test once; on completion release the request and return its status. */
-static ema_status_t ema_req_poll(ema_request_h req)
+static ema_status_t rma_req_poll(ema_request_h req)
 {
     ema_status_t status;
 
@@ -466,22 +466,22 @@ static ema_status_t ema_req_poll(ema_request_h req)
 
 EMA_EXPORT ema_status_t ema_test(ema_request_h req)
 {
-    ema_status_t status = ema_req_check(req);
+    ema_status_t status = rma_req_check(req);
     if (status != EMA_SUCCESS) {
         return status;
     }
-    status = ema_req_poll(req);
+    status = rma_req_poll(req);
     if (status == EMA_INPROGRESS) {
         ema__xport_t *xp = req->xp;
         ema__xport_app_enter(xp);
         ema__xport_progress(xp);
         ema__xport_app_leave(xp);
-        status = ema_req_poll(req);
+        status = rma_req_poll(req);
     }
     return status;
 }
 
-/* A wait for a request: ema_req_poll releases it once complete, so its
+/* A wait for a request: rma_req_poll releases it once complete, so its
  * status is kept here. */
 typedef struct {
     ema_request_h req;
@@ -491,18 +491,18 @@ typedef struct {
 static int ema_req_finished(void *arg)
 {
     ema_req_wait_t *w = arg;
-    w->status = ema_req_poll(w->req);
+    w->status = rma_req_poll(w->req);
     return w->status != EMA_INPROGRESS;
 }
 
 EMA_EXPORT ema_status_t ema_wait(ema_request_h req)
 {
-    ema_status_t status = ema_req_check(req);
+    ema_status_t status = rma_req_check(req);
     if (status != EMA_SUCCESS) {
         return status;
     }
     ema__xport_t *xp = req->xp; /* NULL for a request born complete */
-    if ((status = ema_req_poll(req)) != EMA_INPROGRESS) {
+    if ((status = rma_req_poll(req)) != EMA_INPROGRESS) {
         return status;
     }
     ema_req_wait_t w = {req, EMA_INPROGRESS};
@@ -578,11 +578,11 @@ EMA_EXPORT ema_status_t ema_win_flush_all(ema_win_h win)
     return status;
 }
 
-static ema_status_t ema_atomic(ema_win_h win, int rank, size_t offset, ucp_atomic_op_t op,
+static ema_status_t rma_atomic(ema_win_h win, int rank, size_t offset, ucp_atomic_op_t op,
                                uint64_t value, uint64_t *reply)
 {
     int ep;
-    ema_status_t status = ema_rma_check(win, rank, offset, reply, sizeof(uint64_t));
+    ema_status_t status = rma_check(win, rank, offset, reply, sizeof(uint64_t));
     if (status != EMA_SUCCESS) {
         return status;
     }
@@ -592,14 +592,14 @@ static ema_status_t ema_atomic(ema_win_h win, int rank, size_t offset, ucp_atomi
     ema__win_ctx_t *ctx = win->ctx;
     int trank, tier;
     uint64_t raddr;
-    if (ema_rma_enter(win, &win->parts[rank], offset, sizeof(uint64_t), &trank, &tier,
-                      &raddr, &ep) == 0) {
+    if (rma_enter(win, &win->parts[rank], offset, sizeof(uint64_t), &trank, &tier,
+                  &raddr, &ep) == 0) {
         return EMA_ERR_RANGE;
     }
 
     if (ctx->direct) {
         /* CPU atomics on shared memory are atomic across processes */
-        uint64_t *word = (uint64_t *)ema_rma_local(ctx, trank, tier, raddr);
+        uint64_t *word = (uint64_t *)rma_local(ctx, trank, tier, raddr);
         if (op == UCP_ATOMIC_OP_ADD) {
             *reply = __atomic_fetch_add(word, value, __ATOMIC_SEQ_CST);
         } else { /* CSWAP: value is the compare value, *reply the new one */
@@ -608,7 +608,7 @@ static ema_status_t ema_atomic(ema_win_h win, int rank, size_t offset, ucp_atomi
                                         __ATOMIC_SEQ_CST);
             *reply = expected;
         }
-        ema_rma_leave(ctx, ep);
+        rma_leave(ctx, ep);
         return EMA_SUCCESS;
     }
     if (ctx->amo_by_holder) {
@@ -617,19 +617,19 @@ static ema_status_t ema_atomic(ema_win_h win, int rank, size_t offset, ucp_atomi
         status = (op == UCP_ATOMIC_OP_ADD)
                      ? ema__win_amo(ctx, trank, tier, raddr, 0, value, 0, reply)
                      : ema__win_amo(ctx, trank, tier, raddr, 1, value, *reply, reply);
-        ema_rma_leave(ctx, ep);
+        rma_leave(ctx, ep);
         return status;
     }
     ucp_request_param_t param;
     param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_DATATYPE |
                          UCP_OP_ATTR_FIELD_REPLY_BUFFER;
-    param.cb.send      = ema_rma_noop_cb;
+    param.cb.send      = rma_noop_cb;
     param.datatype     = ucp_dt_make_contig(sizeof(uint64_t));
     param.reply_buffer = reply;
     ucs_status_ptr_t sp = ucp_atomic_op_nbx(ctx->xp->eps[trank], op, &value, 1, raddr,
                                             ema__xport_mr_rkey(&ctx->mr[tier], trank, raddr),
                                             &param);
-    ema_rma_leave(ctx, ep);
+    rma_leave(ctx, ep);
     return ema__xport_wait(ctx->xp, sp, "ucp_atomic_op_nbx");
 }
 
@@ -637,7 +637,7 @@ EMA_EXPORT ema_status_t ema_fetch_add(ema_win_h win, int rank, size_t offset, ui
                                       uint64_t *old_p)
 {
     uint64_t old = 0;
-    ema_status_t status = ema_atomic(win, rank, offset, UCP_ATOMIC_OP_ADD, value, &old);
+    ema_status_t status = rma_atomic(win, rank, offset, UCP_ATOMIC_OP_ADD, value, &old);
     if (status == EMA_SUCCESS && old_p != NULL) {
         *old_p = old;
     }
@@ -650,7 +650,7 @@ EMA_EXPORT ema_status_t ema_compare_swap(ema_win_h win, int rank, size_t offset,
     /* UCX CSWAP: the operand is the value compared with; the reply buffer
      * holds the value to swap in, and on return the previous value. */
     uint64_t old = value;
-    ema_status_t status = ema_atomic(win, rank, offset, UCP_ATOMIC_OP_CSWAP, compare, &old);
+    ema_status_t status = rma_atomic(win, rank, offset, UCP_ATOMIC_OP_CSWAP, compare, &old);
     if (status == EMA_SUCCESS && old_p != NULL) {
         *old_p = old;
     }

@@ -12,8 +12,8 @@
 #include <string.h>
 
 /* The arena whose ops map a location, and the export that describes it. */
-static ema__mem_arena_t *ema_win_loc_arena(ema__win_ctx_t *ctx, ema__loc_t loc,
-                                           const ema__mem_export_t **exp_p)
+static ema__mem_arena_t *win_loc_arena(ema__win_ctx_t *ctx, ema__loc_t loc,
+                                       const ema__mem_export_t **exp_p)
 {
     int tier = EMA_LOC_TIER(loc);
     *exp_p = &ctx->exports[tier][EMA_LOC_RANK(loc)];
@@ -25,7 +25,7 @@ static ema__mem_arena_t *ema_win_loc_arena(ema__win_ctx_t *ctx, ema__loc_t loc,
 ema_status_t ema__win_seg_map(ema_win_h win, uint32_t idx, ema__loc_t loc, int64_t handle)
 {
     const ema__mem_export_t *exp;
-    ema__mem_arena_t *arena = ema_win_loc_arena(win->ctx, loc, &exp);
+    ema__mem_arena_t *arena = win_loc_arena(win->ctx, loc, &exp);
     return arena->ops->map(arena, exp, EMA_LOC_SEG(loc), handle,
                            (char *)win->base + (size_t)idx * win->ctx->seg_size);
 }
@@ -42,7 +42,7 @@ ema_status_t ema__win_seg_map_many(ema_win_h win, uint32_t idx, ema__loc_t loc, 
                                    int64_t handle)
 {
     const ema__mem_export_t *exp;
-    ema__mem_arena_t *arena = ema_win_loc_arena(win->ctx, loc, &exp);
+    ema__mem_arena_t *arena = win_loc_arena(win->ctx, loc, &exp);
     void *at = (char *)win->base + (size_t)idx * win->ctx->seg_size;
     if (arena->ops->map_many == NULL) {
         for (uint32_t i = 0; i < count; i++) {
@@ -79,9 +79,9 @@ ema_status_t ema__win_seg_unmap(ema_win_h win, uint32_t first, uint32_t count)
  *   2. all copies queued (copy_start), in pieces of EMA_WIN_MOVE_PIECE
  *      each followed by a mark (copy_mark), or one copy_wait;
  *   3. per piece, once its mark is passed: unmap the window range and map
- *      the new memory there, so the remaps (about 80 us per segment on an
- *      H200, whatever its size) run while the later copies do; per run,
- *      drop the scratch range.
+ *      the new memory there, so the remaps (unmap + map + set-access,
+ *      50-67 us per segment on an H200 whatever its size) run while the
+ *      later copies do; per run, drop the scratch range.
  * @ok_p counts the segments moved, from the first (runs are done in order);
  * the rest still map the old memory, with their data.
  */

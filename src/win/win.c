@@ -179,7 +179,7 @@ ema_status_t ema__win_ctx_check(ema__win_ctx_t *ctx, void *const *blobs, const s
 
 /* Map every rank's tiers for direct access where the memory kind allows;
  * otherwise RMA goes through UCX. */
-static ema_status_t ema_win_ctx_attach(ema__win_ctx_t *ctx)
+static ema_status_t win_ctx_attach(ema__win_ctx_t *ctx)
 {
     ema__mem_arena_t *dev = ctx->tier[EMA_TIER_DEVICE];
     if (dev->ops->attach == NULL || ctx->no_direct) {
@@ -240,14 +240,14 @@ ema_status_t ema__win_ctx_connect(ema__win_ctx_t *ctx, void *const *blobs, const
             p += rlen;
         }
     }
-    return ema_win_ctx_attach(ctx);
+    return win_ctx_attach(ctx);
 
 malformed:
     ema_error("malformed memory description in the modex");
     return EMA_ERR_BOOTSTRAP;
 }
 
-static void ema_win_release_parts(ema__win_ctx_t *ctx, ema__win_part_t *parts)
+static void win_release_parts(ema__win_ctx_t *ctx, ema__win_part_t *parts)
 {
     for (int r = 0; parts != NULL && r < ctx->size; r++) {
         free((void *)parts[r].loc);
@@ -475,7 +475,7 @@ err_unmap:
         ema__xport_free_blobs(ctx->xp, blobs, lens);
     }
     if (win != NULL) {
-        ema_win_release_parts(ctx, win->parts);
+        win_release_parts(ctx, win->parts);
         if (mapped > 0) {
             arena->ops->unmap(arena, win->base, (size_t)mapped * seg);
         }
@@ -540,7 +540,7 @@ ema_status_t ema__win_free(ema__win_ctx_t *ctx, ema_win_h win)
     }
     pthread_mutex_unlock(&win->lock);
     pthread_mutex_destroy(&win->lock);
-    ema_win_release_parts(ctx, win->parts);
+    win_release_parts(ctx, win->parts);
     free(win->held);
     free(win->stats.wanted);
     win->stats.wanted = NULL;

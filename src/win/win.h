@@ -115,7 +115,7 @@ typedef struct ema__win_ctx {
     int                size;
     size_t             seg_size;
     atomic_int         inflight[2]; /* RMA issues in progress, by the epoch they
-                                       started in (rma.c, ema_rma_in) */
+                                       started in (rma.c, rma_in) */
     atomic_int         epoch;       /* flipped by each invalidation */
     /* Direct access (host kind): every rank's tiers are mapped here, and
      * put/get/atomics are loads and stores, with no work for the target.

@@ -115,7 +115,7 @@ static int ema_t_cuda = -1;
 static inline int test_kind_is_cuda(void)
 {
     if (ema_t_cuda < 0) {
-        ema_mem_stat_t m;
+        ema_mem_stat_t m = {0};
         T_OK(ema_mem_stat(&m));
         ema_t_cuda = (m.memory_kind == EMA_MEMORY_KIND_CUDA);
     }

@@ -66,7 +66,7 @@ static void gather(ema_mem_stat_t *all)
 {
     void *base;
     ema_win_h w;
-    ema_mem_stat_t me;
+    ema_mem_stat_t me = {0};
     size_t sz = sizeof(ema_mem_stat_t) * (size_t)ema_t_size;
 
     T_OK(ema_mem_stat(&me));
@@ -90,7 +90,7 @@ int main(int argc, char **argv)
 {
     double factor = (argc > 1) ? atof(argv[1]) : 2.0;
     ema_mem_stat_t *all;
-    ema_win_stat_t ws;
+    ema_win_stat_t ws = {0};
     ema_win_h win;
     void *base;
 
@@ -147,7 +147,7 @@ int main(int argc, char **argv)
     for (int r = 1; r < ema_t_size; r++) {
         T_OK(ema_barrier());
         if (ema_t_rank == r) {
-            ema_mem_stat_t m;
+            ema_mem_stat_t m = {0};
             T_OK(ema_mem_stat(&m));
             /* ema_reclaim(n) makes n bytes free, counting what is free
              * already: to take back all it lent, ask for free + lent */

@@ -180,7 +180,7 @@ static void put_pattern(ema_win_h win, int rank, size_t from, size_t to, uint64_
 /* Collective: every rank's ema_mem_stat, indexed by rank. */
 static void gather_mem_stats(ema_mem_stat_t *all)
 {
-    ema_mem_stat_t me;
+    ema_mem_stat_t me = {0};
     /* after every rank's previous step, and once earlier readers are done
      * with the slots */
     T_OK(ema_barrier());
@@ -279,7 +279,7 @@ static int lent_is(const ema_mem_stat_t *m, size_t v) { return m->bytes_lent == 
  * withheld (give-backs are asynchronous), so each scenario starts clean. */
 static void wait_clean(const char *when)
 {
-    ema_mem_stat_t m;
+    ema_mem_stat_t m = {0};
     int ok = poll_mem(is_clean, 0, &m);
     T_EXPECT(ok, "%s: not clean after %.0f s: lent %zu borrowed %zu spilled %zu withheld %zu",
              when, POLL_LIMIT_S, m.bytes_lent, m.bytes_borrowed, m.bytes_spilled,
@@ -354,8 +354,10 @@ static ema_win_h alloc_win(size_t size, size_t max_size, void **base)
     return win;
 }
 
+/* Every field, whatever *ws held before (field_mask is read). */
 static void win_stat(ema_win_h win, ema_win_stat_t *ws)
 {
+    ws->field_mask = 0;
     T_OK(ema_win_stat(win, ws));
 }
 
@@ -392,7 +394,7 @@ typedef struct {
 
 static int grow_window(grown_t *g, size_t extra, size_t headroom, uint64_t seed)
 {
-    ema_mem_stat_t m;
+    ema_mem_stat_t m = {0};
     T_OK(ema_mem_stat(&m));
     g->own  = (ema_t_rank == 0) ? m.bytes_free : 0;
     g->size = g->own + extra;
@@ -447,8 +449,8 @@ static uint64_t foreign_block[64];
  * EMA_ERR_STATE and writes no output. */
 static void check_elastic_calls_state(const char *when)
 {
-    ema_win_stat_t ws;
-    ema_mem_stat_t ms;
+    ema_win_stat_t ws = {0};
+    ema_mem_stat_t ms = {0};
     memset(&ws, 0x5e, sizeof(ws));
     memset(&ms, 0x5e, sizeof(ms));
     ema_t_current = when;
@@ -479,8 +481,8 @@ static void test_elastic_calls_validate_arguments(void)
     ema_win_h win = alloc_win(size, max, (void **)&base);
     fill_words(win, base, 0, size, 77);
 
-    ema_win_stat_t ws0, ws;
-    ema_mem_stat_t ms0, ms;
+    ema_win_stat_t ws0 = {0}, ws = {0};
+    ema_mem_stat_t ms0 = {0}, ms = {0};
     win_stat(win, &ws0);
     T_OK(ema_mem_stat(&ms0));
     T_EXPECT(ws0.size == size && ws0.max_size == max && ws0.bytes_local == size &&
@@ -609,7 +611,7 @@ static void test_grow_past_capacity_borrows_from_peers(void)
     int ok = grow_window(&g, extra, 2 * SEG, 1);
     gather_mem_stats(after);
     if (ema_t_rank == 0 && ok) {
-        ema_win_stat_t ws;
+        ema_win_stat_t ws = {0};
         win_stat(g.win, &ws);
         T_EXPECT(ws.size == g.size && ws.bytes_local == g.own && ws.bytes_borrowed == extra &&
                  ws.bytes_spilled == 0, "after the grow: " WS_FMT, WS_ARGS(ws));
@@ -655,7 +657,7 @@ static void test_grow_past_capacity_borrows_from_peers(void)
     T_OK(ema_barrier());
     T_OK(ema_win_free(g.win));
     /* the borrowed memory goes back to its lenders */
-    ema_mem_stat_t m;
+    ema_mem_stat_t m = {0};
     int back = poll_mem(lent_is, 0, &m);
     T_EXPECT(back, "after ema_win_free, bytes_lent still %zu", m.bytes_lent);
     scenario_end();
@@ -718,7 +720,7 @@ static void test_base_pointer_stable_across_grow_reclaim_shrink(void)
     }
     T_OK(ema_barrier());
     if (ema_t_rank == 0) {
-        ema_win_stat_t ws;
+        ema_win_stat_t ws = {0};
         win_stat(g.win, &ws);
         T_EXPECT(ws.migrations >= st[L].bytes_lent / SEG, "no migration: " WS_FMT, WS_ARGS(ws));
         check_local(g.win, base0, 0, g.size, 11 + 1000, "after reclaim, data at the same address");
@@ -756,7 +758,7 @@ static void test_explicit_reclaim_returns_memory_data_intact(void)
 {
     grown_t g;
     ema_mem_stat_t st[64], st2[64];
-    ema_win_stat_t ws0, ws;
+    ema_win_stat_t ws0 = {0}, ws = {0};
 
     scenario_begin(__func__);
     wait_clean("start");
@@ -778,7 +780,7 @@ static void test_explicit_reclaim_returns_memory_data_intact(void)
     if (ema_t_rank == L) {
         T_EXPECT(lent > 0, "rank %d lent nothing", L);
         T_STATUS(ema_reclaim(take, 10000), EMA_SUCCESS);
-        ema_mem_stat_t m;
+        ema_mem_stat_t m = {0};
         T_OK(ema_mem_stat(&m));
         T_EXPECT(m.bytes_lent == 0, "lender still lends %zu bytes", m.bytes_lent);
         T_EXPECT(m.bytes_withheld == take && m.bytes_free == take &&
@@ -821,7 +823,7 @@ static void test_explicit_reclaim_returns_memory_data_intact(void)
 
     /* while withheld, L lends nothing: with F and T full, rank 0 spills */
     void *fb;
-    ema_mem_stat_t m;
+    ema_mem_stat_t m = {0};
     T_OK(ema_mem_stat(&m));
     size_t fill = (ema_t_rank == T || ema_t_rank == F) ? m.bytes_free : 0;
     ema_win_h filler = alloc_win(fill, fill, &fb);
@@ -880,7 +882,7 @@ static void test_own_grow_reclaims_lent_memory_data_intact(void)
 {
     grown_t g;
     ema_mem_stat_t st[64];
-    ema_win_stat_t ws0, ws;
+    ema_win_stat_t ws0 = {0}, ws = {0};
 
     scenario_begin(__func__);
     wait_clean("start");
@@ -901,7 +903,7 @@ static void test_own_grow_reclaims_lent_memory_data_intact(void)
         win_stat(lwin, &ws);
         T_EXPECT(ws.size == want && ws.bytes_local == want && ws.bytes_borrowed == 0 &&
                  ws.bytes_spilled == 0, "lender's own window: " WS_FMT, WS_ARGS(ws));
-        ema_mem_stat_t m;
+        ema_mem_stat_t m = {0};
         T_OK(ema_mem_stat(&m));
         T_EXPECT(m.bytes_lent == 0 && m.bytes_free == 0 && m.bytes_withheld == 0 &&
                  m.bytes_borrowed == 0, "lender: " MS_FMT, MS_ARGS(m));
@@ -951,7 +953,7 @@ static void test_acquired_range_not_moved_until_released(void)
 {
     grown_t g;
     ema_mem_stat_t st[64];
-    ema_win_stat_t ws0, ws;
+    ema_win_stat_t ws0 = {0}, ws = {0};
     stat_thread_t sth;
     pthread_t tid;
     int started = 0;
@@ -977,7 +979,7 @@ static void test_acquired_range_not_moved_until_released(void)
         T_STATUS(ema_reclaim(take, 300), EMA_ERR_TIMEOUT);
         double dt = t_now() - t0;
         T_EXPECT(dt >= 0.29 && dt < 5.0, "ema_reclaim(timeout 300 ms) took %.3f s", dt);
-        ema_mem_stat_t m;
+        ema_mem_stat_t m = {0};
         T_OK(ema_mem_stat(&m));
         T_EXPECT(m.bytes_lent == lent, "lent %zu while held, expected still %zu", m.bytes_lent,
                  lent);
@@ -1015,7 +1017,7 @@ static void test_acquired_range_not_moved_until_released(void)
     }
     if (ema_t_rank == L) {
         double t0 = t_now();
-        ema_mem_stat_t m;
+        ema_mem_stat_t m = {0};
         int back = poll_mem(lent_is, 0, &m);
         T_EXPECT(back, "lender still lends %zu bytes %.0f s after the release", m.bytes_lent,
                  POLL_LIMIT_S);
@@ -1056,7 +1058,7 @@ out:
 static void test_prefetch_brings_borrowed_range_home(void)
 {
     grown_t g;
-    ema_win_stat_t ws0, ws;
+    ema_win_stat_t ws0 = {0}, ws = {0};
     void *bb;
     size_t nb = 4;
 
@@ -1183,7 +1185,7 @@ static void test_peer_lookup_not_blocked_by_held_range(void)
         T_STATUS(ema_win_release(g.win, g.own, extra), EMA_SUCCESS);
     }
     if (ema_t_rank == L) {
-        ema_mem_stat_t m;
+        ema_mem_stat_t m = {0};
         T_EXPECT(poll_mem(lent_is, 0, &m), "lender still lends %zu", m.bytes_lent);
         T_STATUS(ema_reclaim_release(take), EMA_SUCCESS);
     }
@@ -1239,7 +1241,7 @@ static void test_put_get_racing_migration_lose_no_word(void)
 {
     grown_t g;
     ema_mem_stat_t st[64];
-    ema_win_stat_t ws0, ws;
+    ema_win_stat_t ws0 = {0}, ws = {0};
     const size_t nb = 4;
 
     scenario_begin(__func__);
@@ -1305,7 +1307,7 @@ static void test_put_get_racing_migration_lose_no_word(void)
         T_STATUS(ema_reclaim(take, 20000), EMA_SUCCESS);
         r1 = t_now();
         set_flag(W, FLAG_DONE, 1);
-        ema_mem_stat_t m;
+        ema_mem_stat_t m = {0};
         T_OK(ema_mem_stat(&m));
         T_EXPECT(m.bytes_lent == 0, "lender still lends %zu", m.bytes_lent);
     } else if (ema_t_rank == R) {
@@ -1414,7 +1416,7 @@ static void test_grow_spills_when_all_peer_memory_used(void)
     int ok = grow_window(&g, pl + 2 * SEG, 0, 60);
     gather_mem_stats(st2);
     if (ok && ema_t_rank == 0) {
-        ema_win_stat_t ws;
+        ema_win_stat_t ws = {0};
         win_stat(g.win, &ws);
         T_EXPECT(ws.bytes_local == g.own && ws.bytes_borrowed == pl &&
                  ws.bytes_spilled == 2 * SEG, "expected %zu borrowed, 2 segments spilled: " WS_FMT,
@@ -1447,7 +1449,7 @@ static void test_shrink_returns_spilled_before_borrowed(void)
     int ok = grow_window(&g, pl + 3 * SEG, 0, 70);
     size_t final = g.own > SEG ? g.own - SEG : 0;
     if (ok && ema_t_rank == 0) {
-        ema_win_stat_t a, b;
+        ema_win_stat_t a = {0}, b = {0};
         win_stat(g.win, &a);
         T_EXPECT(a.bytes_spilled == 3 * SEG && a.bytes_borrowed == pl,
                  "not the intended layout: " WS_FMT, WS_ARGS(a));
@@ -1474,7 +1476,7 @@ static void test_shrink_returns_spilled_before_borrowed(void)
             }
             T_EXPECT(b.bytes_local + b.bytes_borrowed + b.bytes_spilled == next,
                      "bytes do not add up: " WS_FMT, WS_ARGS(b));
-            ema_mem_stat_t m;
+            ema_mem_stat_t m = {0};
             T_OK(ema_mem_stat(&m));
             size_t segs_sp = (b.bytes_spilled + SEG - 1) / SEG * SEG;
             size_t segs_bo = (b.bytes_borrowed + SEG - 1) / SEG * SEG;
@@ -1488,7 +1490,7 @@ static void test_shrink_returns_spilled_before_borrowed(void)
     T_OK(ema_barrier());
     if (ok && ema_t_rank != 0) {
         check_remote(g.win, 0, 0, final, 70, "kept bytes through ema_get");
-        ema_mem_stat_t m;
+        ema_mem_stat_t m = {0};
         T_EXPECT(poll_mem(lent_is, 0, &m), "lender still lends %zu after the shrink",
                  m.bytes_lent);
     }
@@ -1511,7 +1513,7 @@ static void test_shrink_brings_spilled_home_before_borrowed(void)
     size_t pl = peers_lendable(st);
     int ok = grow_window(&g, pl + 3 * SEG, 0, 80);
     if (ok && ema_t_rank == 0) {
-        ema_win_stat_t a, b;
+        ema_win_stat_t a = {0}, b = {0};
         win_stat(g.win, &a);
         T_EXPECT(a.bytes_spilled == 3 * SEG && a.bytes_borrowed == pl && pl >= 2 * SEG,
                  "not the intended layout: " WS_FMT, WS_ARGS(a));
@@ -1562,7 +1564,7 @@ static void test_grow_spills_when_no_peer_can_lend(void)
     int ok = grow_window(&g, 3 * SEG, 0, 90);
     gather_mem_stats(st);
     if (ok && ema_t_rank == 0) {
-        ema_win_stat_t ws;
+        ema_win_stat_t ws = {0};
         win_stat(g.win, &ws);
         T_EXPECT(ws.bytes_local == g.own && ws.bytes_borrowed == 0 && ws.bytes_spilled == 3 * SEG,
                  "expected 3 segments spilled: " WS_FMT, WS_ARGS(ws));
@@ -1580,7 +1582,7 @@ static void test_grow_spills_when_no_peer_can_lend(void)
     T_OK(ema_barrier());
     T_OK(ema_win_free(g.win));
     if (ema_t_rank == 0) {
-        ema_mem_stat_t m;
+        ema_mem_stat_t m = {0};
         T_OK(ema_mem_stat(&m));
         T_EXPECT(m.bytes_spilled == 0, "after ema_win_free: " MS_FMT, MS_ARGS(m));
     }
@@ -1592,7 +1594,7 @@ static void test_grow_spills_when_no_peer_can_lend(void)
 static void expect_grow_fails_unchanged(grown_t *g, size_t cur, size_t to, uint64_t seed)
 {
     ema_mem_stat_t before[64], after[64];
-    ema_win_stat_t ws0, ws;
+    ema_win_stat_t ws0 = {0}, ws = {0};
     size_t sz0 = 0, sz = 0;
 
     gather_mem_stats(before);
@@ -1614,7 +1616,7 @@ static void expect_grow_fails_unchanged(grown_t *g, size_t cur, size_t to, uint6
         T_EXPECT(sz == cur, "rank 2 sees rank 0's size as %zu, expected %zu", sz, cur);
     }
     /* what the failed grow took, it gave back (asynchronously to lenders) */
-    ema_mem_stat_t m;
+    ema_mem_stat_t m = {0};
     int same = 0;
     double t0 = t_now();
     do {
@@ -1640,7 +1642,7 @@ static void test_grow_fails_no_memory_when_spill_tier_full(void)
         /* exactly 1 more fits: the failed grow leaked no spill segment */
         if (ema_t_rank == 0) {
             T_STATUS(ema_win_grow(g.win, g.size + SEG), EMA_SUCCESS);
-            ema_win_stat_t ws;
+            ema_win_stat_t ws = {0};
             win_stat(g.win, &ws);
             T_EXPECT(ws.bytes_spilled == 4 * SEG, "after filling the spill tier: " WS_FMT,
                      WS_ARGS(ws));
@@ -1680,7 +1682,7 @@ static void test_grow_fails_no_memory_leaves_window_unchanged(void)
         /* growing inside the last segment needs no memory */
         if (ema_t_rank == 0) {
             T_STATUS(ema_win_grow(g.win, g.own), EMA_SUCCESS);
-            ema_win_stat_t ws;
+            ema_win_stat_t ws = {0};
             win_stat(g.win, &ws);
             T_EXPECT(ws.size == g.own && ws.bytes_local == g.own && ws.bytes_borrowed == 0,
                      "grow inside the last segment: " WS_FMT, WS_ARGS(ws));
@@ -1703,7 +1705,7 @@ static void test_grow_fails_no_memory_when_all_peer_memory_used(void)
     size_t pl = peers_lendable(st);
     int ok = grow_window(&g, pl, 2 * SEG, 120);
     if (ok && ema_t_rank == 0) {
-        ema_win_stat_t ws;
+        ema_win_stat_t ws = {0};
         win_stat(g.win, &ws);
         T_EXPECT(ws.bytes_borrowed == pl && ws.bytes_spilled == 0, WS_FMT, WS_ARGS(ws));
     }
@@ -1744,7 +1746,7 @@ static void test_reclaim_with_nowhere_to_move_fails_fast(void)
         printf("# rank %d's reclaim of %zu bytes failed in %.1f ms: nowhere to move them\n", L,
                take, dt * 1e3);
         fflush(stdout);
-        ema_mem_stat_t m;
+        ema_mem_stat_t m = {0};
         T_OK(ema_mem_stat(&m));
         T_EXPECT(m.bytes_lent == lent, "lender lends %zu after the refused reclaim, not %zu",
                  m.bytes_lent, lent);
@@ -1758,7 +1760,7 @@ static void test_reclaim_with_nowhere_to_move_fails_fast(void)
      * dropping KV, and then the lender's reclaim succeeds. */
     size_t keep = g.size;
     if (ok && ema_t_rank == 0) {
-        ema_win_stat_t ws;
+        ema_win_stat_t ws = {0};
         win_stat(g.win, &ws);
         T_EXPECT(ws.bytes_borrowed == pl && ws.size == g.size, "owner: " WS_FMT, WS_ARGS(ws));
         T_EXPECT(ws.bytes_wanted == lent, "owner: bytes_wanted %zu after the refusal, not the "
@@ -1779,14 +1781,14 @@ static void test_reclaim_with_nowhere_to_move_fails_fast(void)
     T_OK(ema_barrier());
     if (ok && ema_t_rank == L) {
         T_STATUS(ema_reclaim(take, 10000), EMA_SUCCESS);
-        ema_mem_stat_t m;
+        ema_mem_stat_t m = {0};
         T_OK(ema_mem_stat(&m));
         T_EXPECT(m.bytes_lent == 0, "lender still lends %zu after its reclaim", m.bytes_lent);
         T_STATUS(ema_reclaim_release(m.bytes_withheld), EMA_SUCCESS);
     }
     T_OK(ema_barrier());
     if (ok && ema_t_rank == 0) {
-        ema_win_stat_t ws;
+        ema_win_stat_t ws = {0};
         win_stat(g.win, &ws);
         T_EXPECT(ws.bytes_wanted == 0, "owner: bytes_wanted %zu after the lender's reclaim "
                  "succeeded", ws.bytes_wanted);
@@ -1814,14 +1816,14 @@ int main(int argc, char **argv)
         return 77;
     }
     /* the control window: one segment per rank; its max_size is the segment size */
-    ema_win_stat_t ws;
+    ema_win_stat_t ws = {0};
     ctl = alloc_win(CTL_SIZE, CTL_SIZE, &ctl_base);
     own_memset(ctl, ctl_base, 0, 0, CTL_SIZE);
     T_OK(ema_win_stat(ctl, &ws));
     SEG = ws.max_size;
     T_OK(ema_barrier());
     if (ema_t_rank == 0) {
-        ema_mem_stat_t m;
+        ema_mem_stat_t m = {0};
         T_OK(ema_mem_stat(&m));
         printf("# test_elastic %s: 4 ranks, capacity %zu, segment %zu, reserve %zu\n", mode,
                m.capacity, SEG, m.reserve);

@@ -42,7 +42,7 @@ static void *ctl_base;
 
 static void ctl_setup(void)
 {
-    ema_win_stat_t ws;
+    ema_win_stat_t ws = {0};
     T_OK(ema_win_allocate(CTL_SIZE, NULL, &ctl_base, &ctl));
     own_memset(ctl, ctl_base, 0, 0, CTL_SIZE);
     /* max_size defaults to the size rounded up to whole segments */
@@ -54,7 +54,7 @@ static void ctl_setup(void)
 /* Every rank's ema_mem_stat, taken after a barrier. */
 static void gather(ema_mem_stat_t *st)
 {
-    ema_mem_stat_t m;
+    ema_mem_stat_t m = {0};
     T_OK(ema_mem_stat(&m));
     own_write(ctl, ctl_base, CTL_STAT, &m, sizeof(m));
     T_OK(ema_barrier());
@@ -160,7 +160,7 @@ static double progress_for(double secs, int flag_rank)
 
 static void test_recall_of_held_segment_never_blocks_progress(void)
 {
-    ema_mem_stat_t st[64], m;
+    ema_mem_stat_t st[64], m = {0};
     void *wb, *bb;
     ema_win_h win, ballast;
     ema_win_params_t wp = {.field_mask = EMA_WIN_PARAM_FIELD_MAX_SIZE, .max_size = 8 * SEG};
@@ -208,7 +208,7 @@ static void test_recall_of_held_segment_never_blocks_progress(void)
     if (ema_t_rank == 0) {
         size_t bad = check_buf(wb, 0, size, 7);
         T_EXPECT(bad == SIZE_MAX, "owner's word at %zu wrong while held", bad);
-        ema_win_stat_t ws;
+        ema_win_stat_t ws = {0};
         T_OK(ema_win_stat(win, &ws));
         T_EXPECT(ws.bytes_borrowed == size, "borrowed %zu, expected %zu", ws.bytes_borrowed,
                  size);
@@ -286,7 +286,7 @@ static void grow_one_and_check(ema_win_h win, size_t *size, size_t by, int expec
 
 static void test_lender_order_follows_current_lendable_memory(void)
 {
-    ema_mem_stat_t m;
+    ema_mem_stat_t m = {0};
     void *bb, *wb;
     ema_win_h ballast, win;
     ema_win_params_t wp = {.field_mask = EMA_WIN_PARAM_FIELD_MAX_SIZE};
@@ -330,7 +330,7 @@ static void test_window_used_before_every_rank_knows_it(void)
 {
     void *wb;
     ema_win_h win;
-    ema_mem_stat_t m;
+    ema_mem_stat_t m = {0};
     ema_win_params_t wp = {.field_mask = EMA_WIN_PARAM_FIELD_MAX_SIZE, .max_size = 8 * SEG};
     size_t size = 4 * SEG;
 
@@ -345,7 +345,7 @@ static void test_window_used_before_every_rank_knows_it(void)
         T_OK(ema_win_grow(win, size));
         fill_own(wb, 0, size, 2);
         T_OK(ema_reclaim_release(m.bytes_free));
-        ema_win_stat_t ws;
+        ema_win_stat_t ws = {0};
         T_OK(ema_win_stat(win, &ws));
         T_EXPECT(ws.bytes_local == 0, "the regrown window is %zu bytes local", ws.bytes_local);
     }
@@ -363,7 +363,7 @@ static void test_window_used_before_every_rank_knows_it(void)
 
 static void test_moves_racing_third_rank_reads_lose_no_byte(double secs)
 {
-    ema_mem_stat_t m;
+    ema_mem_stat_t m = {0};
     void *bb;
     ema_win_h ballast;
     uint64_t reads = 0, bytes = 0, moves = 0, rounds = 0;
@@ -427,7 +427,7 @@ static void test_moves_racing_third_rank_reads_lose_no_byte(double secs)
             while (!stop) {
                 if (ema_t_rank == 1) {
                     /* the lender takes back what it can, then lends again */
-                    ema_mem_stat_t mm;
+                    ema_mem_stat_t mm = {0};
                     T_OK(ema_mem_stat(&mm));
                     ema_status_t s = ema_reclaim(mm.bytes_free + mm.bytes_lent, 200);
                     T_EXPECT(s == EMA_SUCCESS || s == EMA_ERR_TIMEOUT || s == EMA_ERR_NO_MEMORY,

@@ -172,7 +172,7 @@ static void test_one_rank_over_capacity_fails_everywhere_and_leaks_nothing(void)
  * (none waits for the others forever), and nothing is allocated anywhere. */
 static void test_one_rank_bad_argument_fails_everywhere_without_hanging(void)
 {
-    ema_mem_stat_t m0, m1;
+    ema_mem_stat_t m0 = {0}, m1 = {0};
     void *base = (void *)(uintptr_t)0xb0b0;
     ema_win_h win = (ema_win_h)(uintptr_t)0xb1b1;
     int bad = ema_t_size - 1;
@@ -230,7 +230,7 @@ static void test_allocation_after_failure_still_moves_data(void)
 int main(void)
 {
     ema_test_init("test_win_allocate");
-    ema_mem_stat_t m;
+    ema_mem_stat_t m = {0};
     T_OK(ema_mem_stat(&m));
     CAPACITY = m.capacity;
     if (ema_t_rank == 0) {

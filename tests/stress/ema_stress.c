@@ -254,7 +254,7 @@ static void zero_range(size_t from, size_t to)
 
 static void note_win_stat(void)
 {
-    ema_win_stat_t ws;
+    ema_win_stat_t ws = {0};
     EXPECT_OK(ema_win_stat(win, &ws));
     if (ws.size != my_size) {
         fprintf(stderr, "ema_stress: rank %d: ema_win_stat size %zu, expected %zu\n", rank,
@@ -557,7 +557,7 @@ static void put_phase(void)
 
     if (reclaiming) {
         /* mostly what can be reclaimed (free + lent), sometimes more */
-        ema_mem_stat_t ms;
+        ema_mem_stat_t ms = {0};
         size_t segs = cap_bytes / seg_bytes;
         EXPECT_OK(ema_mem_stat(&ms));
         if (rnd_unit() < 0.7 && ms.bytes_free + ms.bytes_lent >= seg_bytes) {
@@ -736,7 +736,7 @@ int main(int argc, char **argv)
         ema_finalize();
         return 2;
     }
-    ema_mem_stat_t ms;
+    ema_mem_stat_t ms = {0};
     MUST(ema_mem_stat(&ms));
     cap_bytes = ms.capacity;
     kind_cuda = (ms.memory_kind == EMA_MEMORY_KIND_CUDA);
@@ -748,7 +748,7 @@ int main(int argc, char **argv)
     MUST(ema_win_allocate(MIN_SIZE, &wp, (void **)&base, &win));
     {
         /* the segment size: the control part's reservation, rounded to one */
-        ema_win_stat_t ws;
+        ema_win_stat_t ws = {0};
         MUST(ema_win_stat(ctrl, &ws));
         seg_bytes = ws.max_size;
     }

@@ -46,7 +46,7 @@ static ema_win_h win_with_pattern(uint8_t **base_p)
 static void assert_unchanged(ema_win_h w, const uint8_t *base, const ema_mem_stat_t *before)
 {
     size_t sz = 0;
-    ema_mem_stat_t now;
+    ema_mem_stat_t now = {0};
     ck_assert_int_eq(ema_win_size(w, 0, &sz), EMA_SUCCESS);
     ck_assert_uint_eq(sz, WSIZE);
     for (size_t i = 0; i < WSIZE; i++) {
@@ -64,8 +64,8 @@ static void assert_unchanged(ema_win_h w, const uint8_t *base, const ema_mem_sta
 
 static void assert_elastic_calls_return_state(ema_win_h w)
 {
-    ema_win_stat_t ws;
-    ema_mem_stat_t ms;
+    ema_win_stat_t ws = {0};
+    ema_mem_stat_t ms = {0};
     memset(&ws, 0x5e, sizeof(ws));
     memset(&ms, 0x5e, sizeof(ms));
     ck_assert_int_eq(ema_win_grow(w, 2 * SEG), EMA_ERR_STATE);
@@ -102,8 +102,8 @@ END_TEST
 START_TEST(test_elastic_calls_reject_null_foreign_or_freed_window)
 {
     uint8_t *base, *b2;
-    ema_mem_stat_t before;
-    ema_win_stat_t ws;
+    ema_mem_stat_t before = {0};
+    ema_win_stat_t ws = {0};
     env_small();
     ck_assert_int_eq(ema_init(NULL), EMA_SUCCESS);
     ema_win_h w = win_with_pattern(&base);
@@ -130,7 +130,7 @@ END_TEST
 START_TEST(test_grow_past_max_size_or_below_size_and_shrink_above_size_rejected)
 {
     uint8_t *base;
-    ema_mem_stat_t before;
+    ema_mem_stat_t before = {0};
     env_small();
     ck_assert_int_eq(ema_init(NULL), EMA_SUCCESS);
     ema_win_h w = win_with_pattern(&base);
@@ -159,7 +159,7 @@ END_TEST
 START_TEST(test_reclaim_zero_or_over_capacity_and_release_unwithheld_rejected)
 {
     uint8_t *base;
-    ema_mem_stat_t before;
+    ema_mem_stat_t before = {0};
     env_small();
     ck_assert_int_eq(ema_init(NULL), EMA_SUCCESS);
     ema_win_h w = win_with_pattern(&base);
@@ -180,7 +180,7 @@ END_TEST
 START_TEST(test_acquire_release_outside_part_zero_length_or_unacquired_rejected)
 {
     uint8_t *base;
-    ema_mem_stat_t before;
+    ema_mem_stat_t before = {0};
     env_small();
     ck_assert_int_eq(ema_init(NULL), EMA_SUCCESS);
     ema_win_h w = win_with_pattern(&base);
@@ -219,8 +219,8 @@ END_TEST
 START_TEST(test_stat_calls_reject_null_output_and_report_the_window)
 {
     uint8_t *base;
-    ema_win_stat_t ws;
-    ema_mem_stat_t ms;
+    ema_win_stat_t ws = {0};
+    ema_mem_stat_t ms = {0};
     env_small();
     ck_assert_int_eq(ema_init(NULL), EMA_SUCCESS);
     ema_win_h w = win_with_pattern(&base);

@@ -383,13 +383,14 @@ enum {
 };
 
 /**
- * Where the bytes of one window part live.  field_mask is in and out: the
- * caller sets the EMA_WIN_STAT_FIELD_* bits of the fields it wants (0: every
- * field this version knows; bits it does not know are ignored), and the
- * call sets it to the bits of the fields it wrote.  It writes no other field.
+ * Where the bytes of one window part live.  field_mask is output only: the
+ * call fills every field this version knows and sets field_mask to their
+ * EMA_WIN_STAT_FIELD_* bits; what the caller left in it is ignored, so an
+ * uninitialised struct works.  reserved[] is never written: a later version
+ * adds fields there and a bit for each.
  */
 typedef struct {
-    uint64_t field_mask;     /**< EMA_WIN_STAT_FIELD_* bits: wanted, then written */
+    uint64_t field_mask;     /**< out: EMA_WIN_STAT_FIELD_* bits of the fields written */
     size_t   size;           /**< current size of this rank's part */
     size_t   max_size;       /**< reserved address space */
     size_t   bytes_local;    /**< in this rank's own memory */
@@ -406,8 +407,8 @@ typedef struct {
 } ema_win_stat_t;
 
 /**
- * This rank's part of @a win: the fields of *stat_p that stat_p->field_mask
- * asks for (set it to 0 for all of them).  Cost: one load per segment of the part.
+ * This rank's part of @a win: fills every field of *stat_p and sets
+ * stat_p->field_mask to them.  Cost: one load per segment of the part.
  */
 EMA_EXPORT ema_status_t ema_win_stat(ema_win_h win, ema_win_stat_t *stat_p);
 
@@ -433,11 +434,11 @@ enum {
 };
 
 /**
- * This rank's memory and its lending.  field_mask is in and out, as in
+ * This rank's memory and its lending.  field_mask is output only, as in
  * ema_win_stat_t, with EMA_MEM_STAT_FIELD_* bits.
  */
 typedef struct {
-    uint64_t field_mask;       /**< EMA_MEM_STAT_FIELD_* bits: wanted, then written */
+    uint64_t field_mask;       /**< out: EMA_MEM_STAT_FIELD_* bits of the fields written */
     size_t   capacity;         /**< EMA_DEVICE_MEMORY, whole segments */
     size_t   reserve;          /**< never lent (EMA_LEND_RESERVE) */
     size_t   bytes_free;       /**< free, lendable or not */
@@ -456,8 +457,8 @@ typedef struct {
 } ema_mem_stat_t;
 
 /**
- * Statistics of this rank's memory: the fields of *stat_p that
- * stat_p->field_mask asks for (set it to 0 for all of them).  Cost: a few loads.
+ * Statistics of this rank's memory: fills every field of *stat_p and sets
+ * stat_p->field_mask to them.  Cost: a few loads.
  */
 EMA_EXPORT ema_status_t ema_mem_stat(ema_mem_stat_t *stat_p);
 

@@ -55,7 +55,7 @@ EMA_EXPORT ema_status_t ema_mem_stat(ema_mem_stat_t *stat_p)
     if (stat_p == NULL) {
         return EMA_ERR_INVALID_PARAM;
     }
-    /* field_mask as in ema_win_stat: 0 asks for all, unknown bits are ignored */
+    /* field_mask as in ema_win_stat: output only, every field filled */
     const uint64_t known = EMA_MEM_STAT_FIELD_CAPACITY | EMA_MEM_STAT_FIELD_RESERVE |
                            EMA_MEM_STAT_FIELD_BYTES_FREE | EMA_MEM_STAT_FIELD_BYTES_USED |
                            EMA_MEM_STAT_FIELD_BYTES_LENT | EMA_MEM_STAT_FIELD_BYTES_WITHHELD |
@@ -64,7 +64,7 @@ EMA_EXPORT ema_status_t ema_mem_stat(ema_mem_stat_t *stat_p)
                            EMA_MEM_STAT_FIELD_RECLAIM_LAST_US |
                            EMA_MEM_STAT_FIELD_RECLAIM_MAX_US | EMA_MEM_STAT_FIELD_MEMORY_KIND |
                            EMA_MEM_STAT_FIELD_DEVICE;
-    uint64_t want = stat_p->field_mask ? (stat_p->field_mask & known) : known;
+    uint64_t want = known;
     ema__pool_t *pool = ema__pool_world;
     size_t seg = pool->win->seg_size;
     ema__seg_pool_t *sp = &pool->arena->pool;

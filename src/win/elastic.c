@@ -377,14 +377,14 @@ EMA_EXPORT ema_status_t ema_win_stat(ema_win_h win, ema_win_stat_t *stat_p)
     if (stat_p == NULL) {
         return EMA_ERR_INVALID_PARAM;
     }
-    /* field_mask 0 (a caller that zeroes the struct) asks for every field;
-     * bits this version does not know are ignored, not refused, so that a
-     * caller built against a later ema.h still gets what exists here. */
+    /* field_mask is output only: every field this version knows is filled
+     * and named there, whatever the caller left in it (an uninitialised
+     * struct works); a later version fills new fields in reserved[]. */
     const uint64_t known = EMA_WIN_STAT_FIELD_SIZE | EMA_WIN_STAT_FIELD_MAX_SIZE |
                            EMA_WIN_STAT_FIELD_BYTES_LOCAL | EMA_WIN_STAT_FIELD_BYTES_BORROWED |
                            EMA_WIN_STAT_FIELD_BYTES_SPILLED | EMA_WIN_STAT_FIELD_MIGRATIONS |
                            EMA_WIN_STAT_FIELD_BYTES_WANTED;
-    uint64_t want = stat_p->field_mask ? (stat_p->field_mask & known) : known;
+    uint64_t want = known;
     ema__win_ctx_t *ctx   = win->ctx;
     ema__win_part_t *part = &win->parts[ctx->rank];
     ema_win_stat_t st;

@@ -28,8 +28,10 @@ from .core import (Buffer, MemoryKind, MemStat, Request, Window, WinStat, World,
                    barrier, config_text, finalize, info_text, init, is_initialized, mem_stat,
                    memory_kind, parse_size, progress, rank, reclaim, reclaim_release, size,
                    version)
-from .errors import *  # noqa: F401,F403 (EmaError and one class per status)
 from .errors import ERRORS, EmaError, check, strerror
+from .errors import ERRORS as _E
+
+globals().update({cls.__name__: cls for cls in _E.values()})  # one class per status
 from .notify import ReclaimEvent, ReclaimNotifier
 from .views import DTYPES, CudaView, DType, View, dtype_of
 
@@ -39,3 +41,12 @@ library_path = _lib.path  #: the libema that was loaded
 win_allocate = Window.allocate
 
 __version__ = "0.1.0"
+
+__all__ = [
+    "init", "finalize", "is_initialized", "rank", "size", "memory_kind", "barrier", "progress",
+    "version", "config_text", "info_text", "reclaim", "reclaim_release", "mem_stat",
+    "parse_size", "World", "Window", "win_allocate", "Request", "Buffer", "MemoryKind",
+    "WinStat", "MemStat", "View", "CudaView", "DType", "DTYPES", "dtype_of", "ReclaimNotifier",
+    "ReclaimEvent", "EmaError", "ERRORS", "STATUS_NAMES", "check", "strerror",
+    "TIMEOUT_INFINITE", "library_path",
+] + [cls.__name__ for cls in ERRORS.values()]

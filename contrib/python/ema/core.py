@@ -10,11 +10,12 @@ function runs: a thread blocked in barrier(), reclaim(), Request.wait(),
 Window.grow(), shrink(), free() or finalize() does not stop the others.
 """
 
+import atexit
 import ctypes
 import enum
 import threading
 import weakref
-from dataclasses import dataclass, fields as _dc_fields
+from dataclasses import fields as _dc_fields
 from typing import Optional
 
 from . import _lib
@@ -161,6 +162,7 @@ class _State:
     windows = weakref.WeakValueDictionary()  # handle (int) -> Window
     kind = None
     device = None
+    finalize_at_exit = True
 
 
 class World:
@@ -187,14 +189,24 @@ class World:
         return "<ema.World (not initialised)>"
 
 
-def init(memory_kind=None, device_memory=None, segment_size=None):
+def _finalize_at_exit():
+    if _State.initialized and not _State.finalized and _State.finalize_at_exit:
+        try:
+            finalize()
+        except Exception:
+            pass
+
+
+def init(memory_kind=None, device_memory=None, segment_size=None, finalize_at_exit=True):
     """ema_init(3): join the ema world.  Collective over the job: under
     mpirun the world is the PMIx job; a process started with no launcher is
     a world of one.  Each argument given overrides its EMA_* variable:
     memory_kind ('auto', 'host', 'cuda' or a MemoryKind), device_memory (the
     capacity in bytes, or "256M"), segment_size (0: the kind's default).
     Returns a World; ``with ema.init(...):`` finalizes on exit.  A process
-    initialises EMA at most once."""
+    initialises EMA at most once.  With finalize_at_exit (the default) an
+    interpreter that exits without finalize() calls it then (as mpi4py
+    does): it is collective, so every rank must exit normally."""
     p = _lib.InitParams()
     if memory_kind is not None:
         p.field_mask |= _lib.INIT_PARAM_FIELD_MEMORY_KIND
@@ -213,6 +225,8 @@ def init(memory_kind=None, device_memory=None, segment_size=None):
         os.environ.update(hidden)
     with _State.lock:
         _State.initialized = True
+        _State.finalize_at_exit = bool(finalize_at_exit)
+    atexit.register(_finalize_at_exit)
     st = mem_stat()
     _State.kind = MemoryKind(st.memory_kind)
     _State.device = st.device
@@ -222,13 +236,15 @@ def init(memory_kind=None, device_memory=None, segment_size=None):
 def finalize():
     """ema_finalize(3): leave the world; collective.  Frees every window
     still allocated; Window objects and their views are dead afterwards."""
-    try:
-        check(_L.ema_finalize(), "ema_finalize")
-    finally:
+    status = _L.ema_finalize()
+    # on any error but EMA_ERR_STATE the library is finalised all the same
+    # (ema_finalize(3))
+    if status != -6 and _State.initialized:
         with _State.lock:
             _State.finalized = True
             for w in list(_State.windows.values()):
                 w._dead()
+    check(status, "ema_finalize")
 
 
 def is_initialized():

@@ -631,9 +631,12 @@ class Window:
         check(_L.ema_win_prefetch(self._handle(), parse_size(offset, "offset"),
                                   parse_size(nbytes, "nbytes")), "ema_win_prefetch")
 
-    def view(self, offset=0, nbytes=None, dtype=None, shape=None, pin=False):
+    def view(self, offset=0, nbytes=None, dtype=None, pin=False, shape=None):
         """A View of [offset, offset+nbytes) of this rank's own part, with
-        no copy (default: from offset to the part's end).  See ema.View."""
+        no copy (default: from offset to the part's end), of dtype (a name,
+        numpy or torch dtype; default uint8) and shape (default 1-d).
+        pin=True holds the range with ema_win_acquire while the view lives.
+        See ema.views for the interfaces and when to pin."""
         from .views import make_view
         return make_view(self, offset, nbytes, dtype, shape, pin)
 

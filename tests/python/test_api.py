@@ -416,6 +416,11 @@ class TestNotifier(unittest.TestCase):
     """Moves in a world of one: a shrink that brings spilled segments home
     calls the reclaim callback on the calling thread (ema_win_set_reclaim_cb(3))."""
 
+    def alloc(self, size, max_size=None):
+        w = ema.Window.allocate(size, max_size=max_size)
+        self.addCleanup(lambda: w.freed or w.free())
+        return w
+
     def spilled_then_home(self, win, other):
         win.grow(10 * MiB)  # 6M local (2M are other's), 4M spilled
         self.assertEqual(win.stat().bytes_spilled, 4 * MiB)
@@ -426,8 +431,8 @@ class TestNotifier(unittest.TestCase):
         n = ema.ReclaimNotifier()
         self.assertEqual(n.mode, "pipe")
         self.assertIs(ema.ReclaimNotifier(), n)  # one per process
-        win = ema.Window.allocate(4 * MiB, max_size="16M")
-        other = ema.Window.allocate(2 * MiB)
+        win = self.alloc(4 * MiB, "16M")
+        other = self.alloc(2 * MiB)
         n.watch(win)
         self.assertEqual(n.read(0), [])
         sel = selectors.DefaultSelector()
@@ -442,7 +447,7 @@ class TestNotifier(unittest.TestCase):
         sel.close()
         # asyncio: await the next events
         win.shrink(4 * MiB)
-        other = ema.Window.allocate(2 * MiB)
+        other = self.alloc(2 * MiB)
 
         async def go():
             t = asyncio.get_running_loop().run_in_executor(None, self.spilled_then_home, win, other)
@@ -453,16 +458,55 @@ class TestNotifier(unittest.TestCase):
         self.assertEqual([(e.offset, e.nbytes) for e in got], [(6 * MiB, 2 * MiB)])
         n.unwatch(win)
         win.shrink(4 * MiB)
-        other = ema.Window.allocate(2 * MiB)
+        other = self.alloc(2 * MiB)
         self.spilled_then_home(win, other)
         self.assertEqual(n.read(0.2), [])  # unwatched
+        win.free()
+
+    def test_hold_makes_the_move_wait_for_the_ack(self):
+        n = ema.ReclaimNotifier()
+        win = self.alloc(4 * MiB, "16M")
+        other = self.alloc(2 * MiB)
+        n.watch(win, hold=10.0)
+        win.grow(10 * MiB)
+        other.free()
+        expired, seen = n.expired, {}
+
+        def holder():  # stops using the range (here: 0.3 s), then acks
+            seen["events"] = n.read(timeout=10)
+            time.sleep(0.3)
+            seen["acked_at"] = time.monotonic()
+            n.ack(seen["events"])
+        t = threading.Thread(target=holder)
+        t.start()
+        win.shrink(8 * MiB)  # its move's callback runs here, and waits
+        returned_at = time.monotonic()
+        t.join()
+        self.assertEqual([(e.offset, e.nbytes) for e in seen["events"]], [(6 * MiB, 2 * MiB)])
+        self.assertGreater(seen["events"][0].seq, 0)
+        self.assertGreaterEqual(returned_at, seen["acked_at"])
+        self.assertEqual(n.expired, expired)
+        # with no one to ack, the hold ends by itself, and says so
+        n.watch(win, hold=0.2)
+        win.shrink(4 * MiB)
+        other = self.alloc(2 * MiB)
+        win.grow(10 * MiB)  # [8M, 10M) spills again
+        other.free()
+        t0 = time.monotonic()
+        win.shrink(8 * MiB)
+        took = time.monotonic() - t0
+        self.assertTrue(0.2 <= took < 5, took)
+        self.assertEqual(n.expired, expired + 1)
+        self.assertEqual(len(n.read(0)), 1)
+        n.ack()
+        n.unwatch(win)
         win.free()
 
     def test_poll_mode_reports_after_the_fact(self):
         n = ema.ReclaimNotifier(mode="poll", poll_interval=0.005)
         self.assertEqual(n.mode, "poll")
-        win = ema.Window.allocate(4 * MiB, max_size="16M")
-        other = ema.Window.allocate(2 * MiB)
+        win = self.alloc(4 * MiB, "16M")
+        other = self.alloc(2 * MiB)
         n.watch(win)
         self.spilled_then_home(win, other)
         ev = n.read(5)
@@ -477,8 +521,8 @@ class TestNotifier(unittest.TestCase):
         # callback that took the GIL would wait for the loop to end.
         n = ema.ReclaimNotifier()
         sent = ctypes.c_uint64.in_dll(ema.notify.load_helper(), "ema_py_notify_nsent")
-        win = ema.Window.allocate(4 * MiB, max_size="16M")
-        other = ema.Window.allocate(2 * MiB)
+        win = self.alloc(4 * MiB, "16M")
+        other = self.alloc(2 * MiB)
         n.watch(win)
         win.grow(10 * MiB)
         other.free()

@@ -224,8 +224,9 @@ class TestElastic(harness.Case):
 
     def test_3_events_reach_python_while_the_main_thread_waits_in_barrier(self):
         # Rank 0's main thread waits in ema_barrier while its reader thread
-        # (Python) reads the reclaim events of the lender's reclaim and
-        # signals the lender, which enters the barrier only once signalled.
+        # (Python) reads the reclaim events of the lender's reclaim, acks
+        # them (the moves wait for that: watch(hold=...)) and signals the
+        # lender, which enters the barrier only once signalled.
         # If the barrier held the GIL, the reader could not run: deadlock,
         # caught by the lender's 20 s limit (and mpirun --timeout).
         me = ema.rank()
@@ -235,8 +236,11 @@ class TestElastic(harness.Case):
         take = g.free[L] + g.lent[L]
         events, state = [], {"in_barrier": False, "stop": False}
         if me == 0:
+            # with a hold: each move waits for the reader's ack (made from
+            # this Python thread, while the main thread waits in the barrier)
             n = ema.ReclaimNotifier()
-            n.watch(g.win)
+            n.watch(g.win, hold=10.0)
+            expired = n.expired
 
             def reader():
                 while not state["stop"]:
@@ -246,6 +250,7 @@ class TestElastic(harness.Case):
                     while not state["in_barrier"]:
                         time.sleep(0.001)
                     events.extend(evs)
+                    n.ack(evs)  # "stopped using it": the move may go on
                     ctl.fetch_add(L, CTL_FLAG, len(evs))
             thread = threading.Thread(target=reader)
             thread.start()
@@ -277,6 +282,8 @@ class TestElastic(harness.Case):
             self.expect(all(e.window is g.win and g.own <= e.offset and
                             e.offset + e.nbytes <= g.size for e in events), "events %s", events)
             self.expect(n.dropped == 0, "%d events dropped", n.dropped)
+            self.expect(n.expired == expired, "%d holds expired unacknowledged",
+                        n.expired - expired)
             g.check_owner(self, 0, g.size, 5, "after the reclaim")
             n.unwatch(g.win)
         ema.barrier()

@@ -14,17 +14,31 @@ await it with asyncio (wait()).
     for ev in n.read(timeout=0):          # or: loop.add_reader(n.fileno(), ...)
         drop_cache_range(ev.offset, ev.nbytes)
 
-An event arrives after the callback has returned, so the move may already
-be under way when Python sees it.  What that means for an unpinned View:
-loads meanwhile read the old or the new copy (the same bytes, unless peers
-put into the range), but a plain store may land in the old copy and be lost,
-and on the cuda kind a kernel still reading the range when its old mapping
-goes faults.  So: stop plain stores to the range when the event is seen and
-redo them (or go through put/get, which need no care) once the move is over
-(the window's stat().migrations has grown); and never leave a kernel running
-over an unpinned range: pin a View (or acquire()) for the kernel's duration.
-Unpinned views with events suit long-lived data read by the CPU and caches
-that can drop a range; see ema.views for pinning.
+By default an event arrives after the callback has returned, so the move
+may already be under way when Python sees it.  What that means for an
+unpinned View: loads meanwhile read the old or the new copy (the same bytes,
+unless peers put into the range), but a plain store may land in the old copy
+and be lost, and on the cuda kind a kernel still reading the range when its
+old mapping goes faults.  Put and get need no care.
+
+watch(win, hold=seconds) closes that gap: the callback then waits, at most
+hold seconds and without the GIL, until Python acknowledges the event
+(ack()).  The holder reads the event, stops its stores and kernels on the
+range (synchronises its CUDA stream), acks, and only then does the range
+move.  If no ack comes in time (no thread reads the queue, or the only
+reader is the thread blocked in the EMA call that moves the range) the
+callback returns anyway and counts the expiry (expired): a hold delays EMA,
+a lender's reclaim included, by at most that long per event, and never
+deadlocks it.  Keep holds short (milliseconds) and read the queue from its
+own thread.
+
+    n.watch(win, hold=0.05)
+    def reader():                          # a thread of its own
+        while True:
+            evs = n.read(timeout=None)
+            for ev in evs:
+                engine.stop_using(ev.offset, ev.nbytes)   # e.g. stream.synchronize()
+            n.ack(evs)                     # now the ranges may move
 
 Where _notify.so is missing (no C compiler when the package was installed),
 mode is "poll": a Python thread polls ema_win_stat's migrations counter of
@@ -46,7 +60,8 @@ from . import _lib
 from .core import Window, check
 from .errors import EmaError
 
-_REC = struct.Struct("=QQQQQ")  # magic, token, win, offset, len (_notify.c)
+_REC = struct.Struct("=QQQQQQ")  # magic, seq, token, win, offset, len (_notify.c)
+_HOLD_TOKENS = 4096  # tokens below this may have a hold (_notify.c)
 _MAGIC = 0x656D61726563
 
 _helper = None
@@ -65,6 +80,11 @@ def load_helper():
             h.ema_py_notify_sent.restype = ctypes.c_uint64
             h.ema_py_notify_dropped.restype = ctypes.c_uint64
             h.ema_py_notify_record_size.restype = ctypes.c_size_t
+            h.ema_py_notify_set_hold.argtypes = [ctypes.c_uint64, ctypes.c_uint64]
+            h.ema_py_notify_set_hold.restype = ctypes.c_int
+            h.ema_py_notify_ack.argtypes = [ctypes.c_uint64]
+            h.ema_py_notify_ack.restype = None
+            h.ema_py_notify_expired.restype = ctypes.c_uint64
             if h.ema_py_notify_record_size() != _REC.size:
                 raise ImportError("ema: %s: record size %d, expected %d"
                                   % (path, h.ema_py_notify_record_size(), _REC.size))
@@ -77,11 +97,13 @@ def load_helper():
 class ReclaimEvent:
     """[offset, offset+nbytes) of this rank's part of window is about to
     move (pipe mode) or has moved (poll mode).  window is None if the
-    Window object is gone."""
+    Window object is gone; seq numbers the events of the process (pipe
+    mode; 0 in poll mode), for ack()."""
     window: Optional[Window]
     offset: int
     nbytes: int
     handle: int
+    seq: int = 0
 
     def overlaps(self, view):
         """True if the event's range meets the View's."""
@@ -121,6 +143,7 @@ class ReclaimNotifier:
         self._tokens = {}  # token -> weakref(Window)
         self._next = 1
         self._poll_dropped = 0
+        self._last_seq = 0
         if helper is not None:
             self.mode = "pipe"
             self._helper = helper
@@ -141,18 +164,27 @@ class ReclaimNotifier:
 
     # -- registration ----------------------------------------------------------
 
-    def watch(self, win):
+    def watch(self, win, hold=None):
         """Report the moves of this rank's part of win (replaces any reclaim
-        callback of the window)."""
+        callback of the window).  hold (seconds, pipe mode): make each move
+        wait up to that long for ack() of its event."""
         token = self._token_of(win)
         if token is None:
             token = self._next
             self._next += 1
             self._tokens[token] = weakref.ref(win)
         if self.mode == "pipe":
+            ns = 0 if not hold else int(hold * 1e9)
+            if ns < 0:
+                raise ValueError("hold must not be negative")
+            if self._helper.ema_py_notify_set_hold(token, ns) != 0 and ns:
+                raise ValueError("ema.ReclaimNotifier: at most %d windows can have a hold"
+                                 % (_HOLD_TOKENS - 1))
             check(_lib.lib.ema_win_set_reclaim_cb(win._handle(), self._cb, token),
                   "ema_win_set_reclaim_cb")
         else:
+            if hold:
+                raise ValueError("ema.ReclaimNotifier: hold needs the pipe mode (_notify.so)")
             self._seen[token] = win.stat().migrations
         return self
 
@@ -164,6 +196,7 @@ class ReclaimNotifier:
         if self.mode == "pipe":
             check(_lib.lib.ema_win_set_reclaim_cb(win._handle(), None, None),
                   "ema_win_set_reclaim_cb")
+            self._helper.ema_py_notify_set_hold(token, 0)
         else:
             self._seen.pop(token, None)
 
@@ -204,12 +237,32 @@ class ReclaimNotifier:
         whole = len(data) - len(data) % _REC.size
         self._pending = data[whole:]
         out = []
-        for magic, token, h, off, n in _REC.iter_unpack(data[:whole]):
+        for magic, seq, token, h, off, n in _REC.iter_unpack(data[:whole]):
             if magic != _MAGIC:
                 raise RuntimeError("ema.ReclaimNotifier: bad record (magic 0x%x)" % magic)
             ref = self._tokens.get(token)
-            out.append(ReclaimEvent(ref() if ref else None, off, n, h))
+            out.append(ReclaimEvent(ref() if ref else None, off, n, h, seq))
+            self._last_seq = max(self._last_seq, seq)
         return out
+
+    def ack(self, events=None):
+        """Acknowledge events (a list, or one), or, by default, every event
+        read so far: the moves held for them (watch(hold=...)) go on."""
+        if self.mode != "pipe":
+            return
+        if events is None:
+            seq = self._last_seq
+        elif isinstance(events, ReclaimEvent):
+            seq = events.seq
+        else:
+            seq = max((e.seq for e in events), default=0)
+        if seq:
+            self._helper.ema_py_notify_ack(seq)
+
+    @property
+    def expired(self):
+        """Holds that ended without an ack (pipe mode)."""
+        return int(self._helper.ema_py_notify_expired()) if self.mode == "pipe" else 0
 
     async def wait(self):
         """Await the next events (asyncio); returns a non-empty list."""
@@ -241,7 +294,7 @@ class ReclaimNotifier:
                     continue
                 if st.migrations != last:
                     self._seen[token] = st.migrations
-                    rec = _REC.pack(_MAGIC, token, win.handle, 0, st.size)
+                    rec = _REC.pack(_MAGIC, 0, token, win.handle, 0, st.size)
                     try:
                         os.write(self._wfd, rec)
                     except BlockingIOError:

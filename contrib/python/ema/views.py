@@ -23,8 +23,10 @@ the pin lasts, so a long-lived pinned KV-cache tensor blocks every reclaim
 of the memory under it.  For such long-lived tensors keep the view unpinned
 (pin=False, the default) and listen for reclaim events (ema.ReclaimNotifier):
 an event says that a range is about to move, and the holder must stop plain
-loads and stores to it until the move completes (pin a short-lived view, or
-go through put/get, which need no care).  See ema_win_set_reclaim_cb(3).
+loads, stores and kernels on it.  Watched with a hold, the move waits until
+the holder acknowledges the event; without one it may already be under way.
+Or pin a short-lived view around each use, or go through put/get, which need
+no care.  See ema_win_set_reclaim_cb(3) and ema.notify.
 
 A View must not outlive its range: close views before shrinking the part
 below them or freeing the window (free() closes them; arrays made from them

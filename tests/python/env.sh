@@ -42,10 +42,10 @@ PYTHONPATH="$top_srcdir/contrib/python${PYTHONPATH:+:$PYTHONPATH}"
 PYTHONUNBUFFERED=1
 PYTHONDONTWRITEBYTECODE=1 # the source tree may be read-only (make distcheck)
 EMA_LIBRARY="$top_builddir/.libs/libema.so.0"
-EMA_NOTIFY_LIBRARY="$top_builddir/contrib/python/ema/.libs/_notify.so"
+EMA_NOTIFY_LIBRARY="$top_builddir/python/_notify.so"
 export PYTHONPATH PYTHONUNBUFFERED PYTHONDONTWRITEBYTECODE EMA_LIBRARY EMA_NOTIFY_LIBRARY
-if [ -f "$top_builddir/contrib/python/ema/_gpu_check.so" ]; then
-    EMA_GPU_CHECK_LIBRARY="$top_builddir/contrib/python/ema/_gpu_check.so"
+if [ -f "$top_builddir/python/_gpu_check.so" ]; then
+    EMA_GPU_CHECK_LIBRARY="$top_builddir/python/_gpu_check.so"
     export EMA_GPU_CHECK_LIBRARY
 fi
 echo "# python: $(command -v "$py") ($("$py" -c 'import sys; print(sys.version.split()[0])'), numpy: $py_numpy)"

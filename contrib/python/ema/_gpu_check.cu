@@ -6,7 +6,7 @@
  * and calls its deleter, as torch.from_dlpack would).
  *
  * Used by examples/python/cuda_consumer.py.  Built by the project's make
- * whenever nvcc is found (contrib/python/ema/_gpu_check.so); the CUDA
+ * whenever nvcc is found (python/_gpu_check.so of the build tree); the CUDA
  * runtime is linked statically, so it loads where there is no driver and
  * ema_py_gpu_count() then says 0.
  *

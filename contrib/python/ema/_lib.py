@@ -52,14 +52,12 @@ def library_candidates():
 def find_helper(name, env_var):
     """The path of a helper shared object built by the project (name is
     '_notify' or '_gpu_check'), or None.  Order: $env_var; next to this
-    package (pip install, or an in-tree build); the build trees."""
+    package (where pip built it); python/ of the build trees (make)."""
     env = os.environ.get(env_var)
     if env:
         return env
-    pats = [os.path.join(_PKG_DIR, name + "*.so"), os.path.join(_PKG_DIR, ".libs", name + ".so")]
-    for d in _BUILD_DIRS[1:]:
-        sub = os.path.join(d, "contrib", "python", "ema")
-        pats += [os.path.join(sub, name + "*.so"), os.path.join(sub, ".libs", name + ".so")]
+    pats = [os.path.join(_PKG_DIR, name + "*.so")]
+    pats += [os.path.join(d, "python", name + ".so") for d in _BUILD_DIRS]
     for pat in pats:
         hits = sorted(glob.glob(pat))
         if hits:

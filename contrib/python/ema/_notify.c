@@ -33,8 +33,9 @@
  * each write is atomic; when the pipe is full the record is dropped and
  * counted, and the reader must then treat every watched range as moved.
  *
- * Needs nothing but libc: it is built by the project's make (libtool) or by
- * pip (setuptools), and loaded with ctypes.  It does not link libema.
+ * Needs nothing but libc: it is built by the project's make (into
+ * python/_notify.so of the build tree) or by pip (setuptools), and loaded
+ * with ctypes.  It does not link libema.
  */
 #define _GNU_SOURCE
 #include <errno.h>

@@ -13,6 +13,7 @@ Window.grow(), shrink(), free() or finalize() does not stop the others.
 import atexit
 import ctypes
 import enum
+import os
 import threading
 import weakref
 from dataclasses import fields as _dc_fields
@@ -217,7 +218,6 @@ def init(memory_kind=None, device_memory=None, segment_size=None, finalize_at_ex
     if segment_size is not None:
         p.field_mask |= _lib.INIT_PARAM_FIELD_SEGMENT_SIZE
         p.segment_size = parse_size(segment_size, "segment_size")
-    import os
     hidden = {k: os.environ.pop(k) for k in _lib.ENV_VARS if k in os.environ}
     try:
         check(_L.ema_init(ctypes.byref(p)), "ema_init")

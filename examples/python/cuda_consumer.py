@@ -154,11 +154,17 @@ def main():
     run = Run(gpu)
     me, n = ema.rank(), ema.size()
     dev = ema.mem_stat().device
-    cap = ema.mem_stat().capacity
-    ctl = ema.Window.allocate(4096)
+    ctl = ema.Window.allocate(4096)  # takes a segment of each rank's memory
 
-    # rank 0's part: all of its memory (half in a world of one), grown x2
-    own = cap if n > 1 else cap // 2
+    # rank 0's part: all of its free memory (half in a world of one), grown x2
+    free = ema.mem_stat().bytes_free
+    own = free if n > 1 else free // 2
+    if me == 0:  # every rank needs rank 0's numbers
+        ctl.put(0, 0, own.to_bytes(8, "little"))
+        ctl.flush(0)
+    ema.barrier()
+    own = int.from_bytes(ctl.get(0, 0, 8), "little")
+    ema.barrier()
     size = 2 * own
     win = ema.Window.allocate(own if me == 0 else 0, max_size=size if me == 0 else None)
     nwords, half = size // 8, own // 8
@@ -189,10 +195,10 @@ def main():
     ema.barrier()
     # 4. a reclaim moves the borrowed pages while unpinned; the kernel checks again
     if n >= 3:
-        ctl.put(0, 8 * me, ema.mem_stat().bytes_lent.to_bytes(8, "little"))
+        ctl.put(0, 64 + 8 * me, ema.mem_stat().bytes_lent.to_bytes(8, "little"))
         ctl.flush(0)
         ema.barrier()
-        lent = [int.from_bytes(ctl.get(0, 8 * r, 8), "little") for r in range(n)]
+        lent = [int.from_bytes(ctl.get(0, 64 + 8 * r, 8), "little") for r in range(n)]
         lender = max(range(1, n), key=lambda r: lent[r])
         if me == lender:
             st = ema.mem_stat()

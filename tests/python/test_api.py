@@ -105,6 +105,16 @@ class TestWorld(unittest.TestCase):
         for n, _ in _lib.WIN_STAT_FIELDS:
             self.assertIn(" %s;" % n, body)
         self.assertEqual(ema.mem_stat().field_mask is None, want == "plain")
+        if want == "field_mask":
+            # libema wrote every field it knows: exactly those described here
+            w = ema.Window.allocate(MiB)
+            self.addCleanup(w.free)
+            self.assertEqual(w.stat().field_mask, (1 << len(_lib.WIN_STAT_FIELDS)) - 1)
+            self.assertEqual(ema.mem_stat().field_mask, (1 << len(_lib.MEM_STAT_FIELDS)) - 1)
+            for cls, fields in zip(_lib.STAT_LAYOUTS["field_mask"],
+                                   (_lib.WIN_STAT_FIELDS, _lib.MEM_STAT_FIELDS)):
+                self.assertEqual(ctypes.sizeof(cls), 8 + ctypes.sizeof(
+                    _lib.STAT_LAYOUTS["plain"][0 if fields is _lib.WIN_STAT_FIELDS else 1]) + 64)
 
     def test_gil_is_released_by_every_call(self):
         # ctypes.CDLL (not PyDLL) drops the GIL around each foreign call

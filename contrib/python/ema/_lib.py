@@ -158,11 +158,13 @@ MEM_STAT_FIELDS = [
     ("reclaim_max_us", ctypes.c_double), ("memory_kind", ctypes.c_int),
     ("device", ctypes.c_int),
 ]
-# ABI room: an ema.h revision puts a uint64_t field_mask (in: fields wanted,
-# 0 = all; out: fields written) before those fields and uint64_t reserved[8]
-# after them.  Both layouts are described; the one libema uses is detected at
-# the first stat call (detect_stat_layout), so the package works with the
-# header before and after that change.
+# ABI room: ema.h now puts a uint64_t field_mask (in: fields wanted, 0 = all;
+# out: fields written, one bit per field in the order above) before those
+# fields and uint64_t reserved[8] after them; libema builds from before that
+# change have neither.  Both layouts are described, and the one libema uses
+# is detected at the first stat call (detect_stat_layout).  A field added
+# later goes at the end of its list here (it takes the place of reserved[0]
+# in the field_mask layout, so shrink reserved to match).
 _ROOM_HEAD = [("field_mask", c_uint64)]
 _ROOM_TAIL = [("reserved", c_uint64 * 8)]
 

@@ -16,7 +16,7 @@ jobs=$(nproc 2>/dev/null || echo 2)
 # 1. packages: Debian's UCX, hwloc, PMIx, Open MPI (its mpirun serves PMIx),
 #    Check, the autotools, and man-db/groff for the man-page test.
 pkgs="build-essential autoconf automake libtool pkg-config libucx-dev libhwloc-dev
-      libpmix-dev openmpi-bin check man-db groff-base"
+      libpmix-dev openmpi-bin check man-db groff-base python3 python3-numpy"
 missing=""
 for p in $pkgs; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing="$missing $p"

@@ -6,6 +6,8 @@
 #include "topo/topo.h"
 #include "topo/topo_priv.h"
 
+#include "../unit/check_main.h"
+
 #include <check.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -63,7 +65,7 @@ static void map_identity(const ema__topo_t *topo, int nranks, int *gpu_of_rank)
 
 /* ---- 8 GPUs, full NVLink mesh, two sockets ------------------------------- */
 
-START_TEST(test_mesh_every_gpu_pair_has_two_nvlinks)
+EMA_TEST("golden", test_mesh_every_gpu_pair_has_two_nvlinks)
 {
     ema__topo_t *topo = load_xml("nvlink-mesh-8gpu.xml");
 
@@ -80,7 +82,7 @@ START_TEST(test_mesh_every_gpu_pair_has_two_nvlinks)
 }
 END_TEST
 
-START_TEST(test_mesh_equal_links_prefer_lenders_on_the_same_numa_node)
+EMA_TEST("golden", test_mesh_equal_links_prefer_lenders_on_the_same_numa_node)
 {
     ema__topo_t *topo = load_xml("nvlink-mesh-8gpu.xml");
     int gpu[8];
@@ -92,7 +94,7 @@ START_TEST(test_mesh_equal_links_prefer_lenders_on_the_same_numa_node)
 }
 END_TEST
 
-START_TEST(test_mesh_more_lendable_memory_beats_numa_distance)
+EMA_TEST("golden", test_mesh_more_lendable_memory_beats_numa_distance)
 {
     ema__topo_t *topo = load_xml("nvlink-mesh-8gpu.xml");
     size_t lendable[8] = {GB, GB, GB, GB, GB, GB, GB, 8 * GB};
@@ -106,7 +108,7 @@ END_TEST
 
 /* ---- 8 GPUs behind 4 NVSwitches ------------------------------------------ */
 
-START_TEST(test_nvswitch_closure_gives_all_pairs_bandwidth)
+EMA_TEST("golden", test_nvswitch_closure_gives_all_pairs_bandwidth)
 {
     ema__topo_t *topo = load_xml("nvswitch-8gpu.xml");
 
@@ -124,7 +126,7 @@ START_TEST(test_nvswitch_closure_gives_all_pairs_bandwidth)
 }
 END_TEST
 
-START_TEST(test_nvswitch_lenders_tie_on_bandwidth_then_numa_then_rank)
+EMA_TEST("golden", test_nvswitch_lenders_tie_on_bandwidth_then_numa_then_rank)
 {
     ema__topo_t *topo = load_xml("nvswitch-8gpu.xml");
     size_t lendable[8] = {GB, GB, 2 * GB, GB, GB, GB, GB, GB};
@@ -139,7 +141,7 @@ END_TEST
 
 /* ---- 8 GPUs over PCIe only, two sockets ---------------------------------- */
 
-START_TEST(test_pcie_only_gpus_have_no_links)
+EMA_TEST("golden", test_pcie_only_gpus_have_no_links)
 {
     ema__topo_t *topo = load_xml("pcie-2socket-8gpu.xml");
 
@@ -155,7 +157,7 @@ START_TEST(test_pcie_only_gpus_have_no_links)
 }
 END_TEST
 
-START_TEST(test_pcie_lenders_follow_numa_distance)
+EMA_TEST("golden", test_pcie_lenders_follow_numa_distance)
 {
     ema__topo_t *topo = load_xml("pcie-2socket-8gpu.xml");
     int gpu[8];
@@ -167,7 +169,7 @@ START_TEST(test_pcie_lenders_follow_numa_distance)
 }
 END_TEST
 
-START_TEST(test_pcie_lendable_memory_comes_before_numa_distance)
+EMA_TEST("golden", test_pcie_lendable_memory_comes_before_numa_distance)
 {
     ema__topo_t *topo = load_xml("pcie-2socket-8gpu.xml");
     size_t lendable[8] = {GB, GB, GB, GB, GB, GB, 2 * GB, GB};
@@ -181,7 +183,7 @@ END_TEST
 
 /* ---- 4 GPUs with uneven NVLink counts ------------------------------------ */
 
-START_TEST(test_uneven_nvlink_counts_give_uneven_bandwidth)
+EMA_TEST("golden", test_uneven_nvlink_counts_give_uneven_bandwidth)
 {
     static const double want[4][4] = {
         {0, 100, 50, 25}, {100, 0, 25, 50}, {50, 25, 0, 100}, {25, 50, 100, 0}};
@@ -199,7 +201,7 @@ START_TEST(test_uneven_nvlink_counts_give_uneven_bandwidth)
 }
 END_TEST
 
-START_TEST(test_uneven_lenders_ordered_by_link_bandwidth_over_lendable_memory)
+EMA_TEST("golden", test_uneven_lenders_ordered_by_link_bandwidth_over_lendable_memory)
 {
     ema__topo_t *topo = load_xml("nvlink-uneven-4gpu.xml");
     size_t lendable[4] = {GB, GB, GB, 64 * GB};
@@ -216,7 +218,7 @@ START_TEST(test_uneven_lenders_ordered_by_link_bandwidth_over_lendable_memory)
 }
 END_TEST
 
-START_TEST(test_shared_gpu_rank_is_the_first_lender)
+EMA_TEST("golden", test_shared_gpu_rank_is_the_first_lender)
 {
     ema__topo_t *topo = load_xml("nvlink-uneven-4gpu.xml");
     int gpu[5] = {0, 1, 2, 3, 0};
@@ -226,7 +228,7 @@ START_TEST(test_shared_gpu_rank_is_the_first_lender)
 }
 END_TEST
 
-START_TEST(test_nvml_fallback_switch_closure_matches_hwloc)
+EMA_TEST("golden", test_nvml_fallback_switch_closure_matches_hwloc)
 {
     /* what the NVML fallback computes from per-GPU link sums: GPU 2 has only
      * 12 links up, so every pair with it gets its 300, others keep 450, and
@@ -248,7 +250,7 @@ END_TEST
 
 /* ---- a host with no GPU --------------------------------------------------- */
 
-START_TEST(test_no_gpu_host_reports_no_gpu_and_maps_ranks_to_none)
+EMA_TEST("golden", test_no_gpu_host_reports_no_gpu_and_maps_ranks_to_none)
 {
     ema__topo_t *topo = load_xml("no-gpu.xml");
     ema__topo_config_t cfg = {.gpu_map = ""};
@@ -272,7 +274,7 @@ START_TEST(test_no_gpu_host_reports_no_gpu_and_maps_ranks_to_none)
 }
 END_TEST
 
-START_TEST(test_no_gpu_host_orders_lenders_by_numa_distance_first)
+EMA_TEST("golden", test_no_gpu_host_orders_lenders_by_numa_distance_first)
 {
     ema__topo_t *topo = load_xml("no-gpu.xml");
     int gpu[4] = {-1, -1, -1, -1}, numa[4] = {0, 1, 0, 1};
@@ -289,7 +291,7 @@ END_TEST
 
 /* ---- rank -> GPU ---------------------------------------------------------- */
 
-START_TEST(test_ranks_map_to_gpus_by_local_rank_and_wrap_when_more_ranks)
+EMA_TEST("map", test_ranks_map_to_gpus_by_local_rank_and_wrap_when_more_ranks)
 {
     ema__topo_t *topo = load_xml("nvlink-mesh-8gpu.xml");
     ema__topo_config_t cfg = {.gpu_map = ""};
@@ -309,7 +311,7 @@ START_TEST(test_ranks_map_to_gpus_by_local_rank_and_wrap_when_more_ranks)
 }
 END_TEST
 
-START_TEST(test_cuda_visible_devices_restricts_and_reorders_gpus)
+EMA_TEST("map", test_cuda_visible_devices_restricts_and_reorders_gpus)
 {
     ema__topo_t *topo = load_xml("nvlink-mesh-8gpu.xml");
     ema__topo_config_t cfg = {.gpu_map = ""};
@@ -337,7 +339,7 @@ START_TEST(test_cuda_visible_devices_restricts_and_reorders_gpus)
 }
 END_TEST
 
-START_TEST(test_gpu_map_puts_two_ranks_on_one_gpu_and_reports_it)
+EMA_TEST("map", test_gpu_map_puts_two_ranks_on_one_gpu_and_reports_it)
 {
     ema__topo_t *topo = load_xml("nvlink-mesh-8gpu.xml");
     ema__topo_config_t cfg;
@@ -355,7 +357,7 @@ START_TEST(test_gpu_map_puts_two_ranks_on_one_gpu_and_reports_it)
 }
 END_TEST
 
-START_TEST(test_gpu_map_counts_in_cuda_visible_devices_ordinals)
+EMA_TEST("map", test_gpu_map_counts_in_cuda_visible_devices_ordinals)
 {
     ema__topo_t *topo = load_xml("nvswitch-8gpu.xml");
     ema__topo_config_t cfg = {.gpu_map = "3, 0"};
@@ -369,7 +371,7 @@ START_TEST(test_gpu_map_counts_in_cuda_visible_devices_ordinals)
 }
 END_TEST
 
-START_TEST(test_gpu_map_rejects_bad_maps_and_leaves_output_alone)
+EMA_TEST("map", test_gpu_map_rejects_bad_maps_and_leaves_output_alone)
 {
     static const char *bad[] = {"0,9", "a,b", "0,", "0", "-1,0", "0;1"};
     ema__topo_t *topo = load_xml("nvlink-mesh-8gpu.xml");
@@ -389,7 +391,7 @@ END_TEST
 
 /* ---- ema_info ------------------------------------------------------------- */
 
-START_TEST(test_print_shows_matrix_source_map_and_lender_orders)
+EMA_TEST("golden", test_print_shows_matrix_source_map_and_lender_orders)
 {
     ema__topo_t *topo = load_xml("nvswitch-8gpu.xml");
     char *buf = NULL;
@@ -411,7 +413,7 @@ START_TEST(test_print_shows_matrix_source_map_and_lender_orders)
 }
 END_TEST
 
-START_TEST(test_print_reports_a_shared_gpu)
+EMA_TEST("golden", test_print_reports_a_shared_gpu)
 {
     ema__topo_t *topo = load_xml("nvlink-uneven-4gpu.xml");
     char *buf = NULL;
@@ -430,7 +432,7 @@ END_TEST
 
 /* ---- this machine ---------------------------------------------------------- */
 
-START_TEST(test_this_host_loads_and_names_its_link_source)
+EMA_TEST("host", test_this_host_loads_and_names_its_link_source)
 {
     ema__topo_t *topo = NULL;
 
@@ -448,42 +450,5 @@ END_TEST
 
 int main(void)
 {
-    Suite *s = suite_create("topo");
-    TCase *xml = tcase_create("golden");
-    TCase *map = tcase_create("map");
-    TCase *host = tcase_create("host");
-    SRunner *sr;
-    int failed;
-
-    tcase_add_test(xml, test_mesh_every_gpu_pair_has_two_nvlinks);
-    tcase_add_test(xml, test_mesh_equal_links_prefer_lenders_on_the_same_numa_node);
-    tcase_add_test(xml, test_mesh_more_lendable_memory_beats_numa_distance);
-    tcase_add_test(xml, test_nvswitch_closure_gives_all_pairs_bandwidth);
-    tcase_add_test(xml, test_nvswitch_lenders_tie_on_bandwidth_then_numa_then_rank);
-    tcase_add_test(xml, test_pcie_only_gpus_have_no_links);
-    tcase_add_test(xml, test_pcie_lenders_follow_numa_distance);
-    tcase_add_test(xml, test_pcie_lendable_memory_comes_before_numa_distance);
-    tcase_add_test(xml, test_uneven_nvlink_counts_give_uneven_bandwidth);
-    tcase_add_test(xml, test_uneven_lenders_ordered_by_link_bandwidth_over_lendable_memory);
-    tcase_add_test(xml, test_shared_gpu_rank_is_the_first_lender);
-    tcase_add_test(xml, test_nvml_fallback_switch_closure_matches_hwloc);
-    tcase_add_test(xml, test_no_gpu_host_reports_no_gpu_and_maps_ranks_to_none);
-    tcase_add_test(xml, test_no_gpu_host_orders_lenders_by_numa_distance_first);
-    tcase_add_test(xml, test_print_shows_matrix_source_map_and_lender_orders);
-    tcase_add_test(xml, test_print_reports_a_shared_gpu);
-    tcase_add_test(map, test_ranks_map_to_gpus_by_local_rank_and_wrap_when_more_ranks);
-    tcase_add_test(map, test_cuda_visible_devices_restricts_and_reorders_gpus);
-    tcase_add_test(map, test_gpu_map_puts_two_ranks_on_one_gpu_and_reports_it);
-    tcase_add_test(map, test_gpu_map_counts_in_cuda_visible_devices_ordinals);
-    tcase_add_test(map, test_gpu_map_rejects_bad_maps_and_leaves_output_alone);
-    tcase_add_test(host, test_this_host_loads_and_names_its_link_source);
-    suite_add_tcase(s, xml);
-    suite_add_tcase(s, map);
-    suite_add_tcase(s, host);
-
-    sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    return ema_check_main("topo", CK_NORMAL);
 }

@@ -7,6 +7,8 @@
  */
 #include <ema.h>
 
+#include "check_main.h"
+
 #include <check.h>
 #include <limits.h>
 #include <stdint.h>
@@ -116,7 +118,7 @@ static void assert_every_call_returns_state(ema_win_h w, ema_request_h r)
 
 /* --- lifecycle ----------------------------------------------------------- */
 
-START_TEST(test_every_call_before_init_returns_state_and_writes_nothing)
+EMA_TEST("lifecycle", test_every_call_before_init_returns_state_and_writes_nothing)
 {
     env_small();
     assert_every_call_returns_state(NULL, NULL);
@@ -127,7 +129,7 @@ START_TEST(test_every_call_before_init_returns_state_and_writes_nothing)
 }
 END_TEST
 
-START_TEST(test_every_call_after_finalize_returns_state_and_writes_nothing)
+EMA_TEST("lifecycle", test_every_call_after_finalize_returns_state_and_writes_nothing)
 {
     uint8_t *base;
     ema_request_h req = NULL;
@@ -143,7 +145,7 @@ START_TEST(test_every_call_after_finalize_returns_state_and_writes_nothing)
 }
 END_TEST
 
-START_TEST(test_second_init_returns_state_and_world_keeps_working)
+EMA_TEST("lifecycle", test_second_init_returns_state_and_world_keeps_working)
 {
     ema_init_params_t p = {.field_mask = EMA_INIT_PARAM_FIELD_DEVICE_MEMORY,
                            .device_memory = 4096};
@@ -167,7 +169,7 @@ START_TEST(test_second_init_returns_state_and_world_keeps_working)
 }
 END_TEST
 
-START_TEST(test_finalize_frees_live_windows_and_second_finalize_returns_state)
+EMA_TEST("lifecycle", test_finalize_frees_live_windows_and_second_finalize_returns_state)
 {
     uint8_t *base;
     init_small();
@@ -178,7 +180,7 @@ START_TEST(test_finalize_frees_live_windows_and_second_finalize_returns_state)
 }
 END_TEST
 
-START_TEST(test_init_unknown_field_mask_bits_rejected_and_init_still_possible)
+EMA_TEST("lifecycle", test_init_unknown_field_mask_bits_rejected_and_init_still_possible)
 {
     static const uint64_t bad[] = {1ull << 3, 1ull << 31, 1ull << 63,
                                    EMA_INIT_PARAM_FIELD_DEVICE_MEMORY | (1ull << 5)};
@@ -196,7 +198,7 @@ START_TEST(test_init_unknown_field_mask_bits_rejected_and_init_still_possible)
 }
 END_TEST
 
-START_TEST(test_init_bad_memory_kind_or_zero_capacity_rejected)
+EMA_TEST("lifecycle", test_init_bad_memory_kind_or_zero_capacity_rejected)
 {
     ema_init_params_t p = {.field_mask = EMA_INIT_PARAM_FIELD_MEMORY_KIND};
     env_small();
@@ -215,7 +217,7 @@ START_TEST(test_init_bad_memory_kind_or_zero_capacity_rejected)
 }
 END_TEST
 
-START_TEST(test_init_cuda_kind_without_gpu_fails_unsupported_and_changes_nothing)
+EMA_TEST("lifecycle", test_init_cuda_kind_without_gpu_fails_unsupported_and_changes_nothing)
 {
     ema_init_params_t p = {.field_mask = EMA_INIT_PARAM_FIELD_MEMORY_KIND,
                            .memory_kind = EMA_MEMORY_KIND_CUDA};
@@ -232,7 +234,7 @@ START_TEST(test_init_cuda_kind_without_gpu_fails_unsupported_and_changes_nothing
 }
 END_TEST
 
-START_TEST(test_init_bad_environment_value_rejected_then_init_works)
+EMA_TEST("lifecycle", test_init_bad_environment_value_rejected_then_init_works)
 {
     static const char *bad[] = {"lots", "-1", "64Q", "", "1.5G"};
     env_small();
@@ -251,7 +253,7 @@ START_TEST(test_init_bad_environment_value_rejected_then_init_works)
 }
 END_TEST
 
-START_TEST(test_init_params_override_environment_capacity)
+EMA_TEST("lifecycle", test_init_params_override_environment_capacity)
 {
     ema_init_params_t p = {.field_mask = EMA_INIT_PARAM_FIELD_DEVICE_MEMORY |
                                          EMA_INIT_PARAM_FIELD_SEGMENT_SIZE,
@@ -270,7 +272,7 @@ END_TEST
 
 /* --- world --------------------------------------------------------------- */
 
-START_TEST(test_world_rank_and_size_reject_null_and_report_world_of_one)
+EMA_TEST("lifecycle", test_world_rank_and_size_reject_null_and_report_world_of_one)
 {
     int rank = -7, size = -7;
     init_small();
@@ -297,7 +299,7 @@ static void assert_whole_capacity_free(void)
     ck_assert_int_eq(ema_win_free(w), EMA_SUCCESS);
 }
 
-START_TEST(test_win_allocate_null_outputs_rejected_and_nothing_taken)
+EMA_TEST("windows", test_win_allocate_null_outputs_rejected_and_nothing_taken)
 {
     void *b = (void *)BAD_WIN;
     ema_win_h w = BAD_WIN;
@@ -312,7 +314,7 @@ START_TEST(test_win_allocate_null_outputs_rejected_and_nothing_taken)
 }
 END_TEST
 
-START_TEST(test_win_allocate_unknown_field_mask_or_small_max_size_rejected)
+EMA_TEST("windows", test_win_allocate_unknown_field_mask_or_small_max_size_rejected)
 {
     void *b = (void *)BAD_WIN;
     ema_win_h w = BAD_WIN;
@@ -336,7 +338,7 @@ START_TEST(test_win_allocate_unknown_field_mask_or_small_max_size_rejected)
 }
 END_TEST
 
-START_TEST(test_win_allocate_over_capacity_returns_no_memory_and_takes_nothing)
+EMA_TEST("windows", test_win_allocate_over_capacity_returns_no_memory_and_takes_nothing)
 {
     static const size_t sizes[] = {CAPACITY + 1, 2 * CAPACITY, (size_t)1 << 40};
     void *b = (void *)BAD_WIN;
@@ -356,7 +358,7 @@ START_TEST(test_win_allocate_over_capacity_returns_no_memory_and_takes_nothing)
 }
 END_TEST
 
-START_TEST(test_win_allocate_zero_size_part_rejects_every_nonempty_access)
+EMA_TEST("windows", test_win_allocate_zero_size_part_rejects_every_nonempty_access)
 {
     void *b = (void *)BAD_WIN;
     ema_win_h w = BAD_WIN;
@@ -378,7 +380,7 @@ START_TEST(test_win_allocate_zero_size_part_rejects_every_nonempty_access)
 }
 END_TEST
 
-START_TEST(test_win_free_null_foreign_or_freed_handle_rejected_and_live_window_intact)
+EMA_TEST("windows", test_win_free_null_foreign_or_freed_handle_rejected_and_live_window_intact)
 {
     uint8_t *base, *b2;
     init_small();
@@ -398,7 +400,7 @@ START_TEST(test_win_free_null_foreign_or_freed_handle_rejected_and_live_window_i
 }
 END_TEST
 
-START_TEST(test_win_size_bad_handle_rank_or_null_output_rejected)
+EMA_TEST("windows", test_win_size_bad_handle_rank_or_null_output_rejected)
 {
     uint8_t *base;
     size_t sz = SENTINEL;
@@ -431,7 +433,7 @@ static const struct { size_t off, len; } out_of_range[] = {
 };
 #define NOUT (sizeof(out_of_range) / sizeof(out_of_range[0]))
 
-START_TEST(test_put_beyond_part_returns_range_and_writes_nothing)
+EMA_TEST("rma", test_put_beyond_part_returns_range_and_writes_nothing)
 {
     uint8_t *base;
     static uint8_t src[2 * WSIZE];
@@ -454,7 +456,7 @@ START_TEST(test_put_beyond_part_returns_range_and_writes_nothing)
 }
 END_TEST
 
-START_TEST(test_get_beyond_part_returns_range_and_writes_nothing_to_buffer)
+EMA_TEST("rma", test_get_beyond_part_returns_range_and_writes_nothing_to_buffer)
 {
     uint8_t *base;
     static uint8_t dst[2 * WSIZE];
@@ -476,7 +478,7 @@ START_TEST(test_get_beyond_part_returns_range_and_writes_nothing_to_buffer)
 }
 END_TEST
 
-START_TEST(test_put_get_inside_part_edges_succeed)
+EMA_TEST("rma", test_put_get_inside_part_edges_succeed)
 {
     uint8_t *base, b = 0;
     init_small();
@@ -491,7 +493,7 @@ START_TEST(test_put_get_inside_part_edges_succeed)
 }
 END_TEST
 
-START_TEST(test_rma_bad_rank_returns_invalid_rank_and_changes_nothing)
+EMA_TEST("rma", test_rma_bad_rank_returns_invalid_rank_and_changes_nothing)
 {
     static const int ranks[] = {-1, 1, 2, INT_MAX, INT_MIN};
     uint8_t *base, buf[64];
@@ -518,7 +520,7 @@ START_TEST(test_rma_bad_rank_returns_invalid_rank_and_changes_nothing)
 }
 END_TEST
 
-START_TEST(test_rma_null_foreign_or_freed_window_returns_invalid_handle)
+EMA_TEST("rma", test_rma_null_foreign_or_freed_window_returns_invalid_handle)
 {
     uint8_t *base, *b2, buf[64];
     uint64_t old = SENTINEL;
@@ -548,7 +550,7 @@ START_TEST(test_rma_null_foreign_or_freed_window_returns_invalid_handle)
 }
 END_TEST
 
-START_TEST(test_rma_null_buffer_with_length_rejected_and_writes_nothing)
+EMA_TEST("rma", test_rma_null_buffer_with_length_rejected_and_writes_nothing)
 {
     uint8_t *base;
     ema_request_h req = BAD_REQ;
@@ -564,7 +566,7 @@ START_TEST(test_rma_null_buffer_with_length_rejected_and_writes_nothing)
 }
 END_TEST
 
-START_TEST(test_nonblocking_null_req_p_rejected_and_nothing_transferred)
+EMA_TEST("rma", test_nonblocking_null_req_p_rejected_and_nothing_transferred)
 {
     uint8_t *base, buf[2 * SEG];
     init_small();
@@ -579,7 +581,7 @@ START_TEST(test_nonblocking_null_req_p_rejected_and_nothing_transferred)
 }
 END_TEST
 
-START_TEST(test_wait_and_test_reject_null_or_foreign_request)
+EMA_TEST("rma", test_wait_and_test_reject_null_or_foreign_request)
 {
     static uint64_t junk[64];
     init_small();
@@ -594,7 +596,7 @@ START_TEST(test_wait_and_test_reject_null_or_foreign_request)
 }
 END_TEST
 
-START_TEST(test_nonblocking_request_completes_with_success)
+EMA_TEST("rma", test_nonblocking_request_completes_with_success)
 {
     uint8_t *base, buf[2 * SEG], in[2 * SEG];
     ema_request_h req = NULL;
@@ -618,7 +620,7 @@ END_TEST
 
 /* --- atomics ------------------------------------------------------------- */
 
-START_TEST(test_atomic_misaligned_offset_returns_alignment_and_changes_nothing)
+EMA_TEST("atomics", test_atomic_misaligned_offset_returns_alignment_and_changes_nothing)
 {
     static const size_t offs[] = {1, 2, 3, 4, 5, 6, 7, 9, 12, SEG - 4, SEG + 1, WSIZE - 9};
     uint8_t *base;
@@ -637,7 +639,7 @@ START_TEST(test_atomic_misaligned_offset_returns_alignment_and_changes_nothing)
 }
 END_TEST
 
-START_TEST(test_atomic_word_outside_part_returns_range_and_changes_nothing)
+EMA_TEST("atomics", test_atomic_word_outside_part_returns_range_and_changes_nothing)
 {
     /* WSIZE = 3*64K+100 is not a multiple of 8: the aligned word after the
      * last whole one starts inside the part and crosses its end */
@@ -666,7 +668,7 @@ START_TEST(test_atomic_word_outside_part_returns_range_and_changes_nothing)
 }
 END_TEST
 
-START_TEST(test_fetch_add_returns_old_value_and_accepts_null_old_p)
+EMA_TEST("atomics", test_fetch_add_returns_old_value_and_accepts_null_old_p)
 {
     uint8_t *base;
     uint64_t v = 40, old = SENTINEL, now;
@@ -682,7 +684,7 @@ START_TEST(test_fetch_add_returns_old_value_and_accepts_null_old_p)
 }
 END_TEST
 
-START_TEST(test_compare_swap_replaces_only_when_compare_matches)
+EMA_TEST("atomics", test_compare_swap_replaces_only_when_compare_matches)
 {
     uint8_t *base;
     uint64_t v = 5, old = SENTINEL, now;
@@ -711,7 +713,7 @@ START_TEST(test_compare_swap_replaces_only_when_compare_matches)
 }
 END_TEST
 
-START_TEST(test_flush_bad_rank_or_handle_rejected_valid_flush_succeeds)
+EMA_TEST("rma", test_flush_bad_rank_or_handle_rejected_valid_flush_succeeds)
 {
     uint8_t *base;
     init_small();
@@ -746,7 +748,7 @@ static ema_status_t config_print_adapter(FILE *f, unsigned flags)
     return ema_config_print(f);
 }
 
-START_TEST(test_config_print_null_rejected_and_lists_variables_before_init)
+EMA_TEST("always_safe", test_config_print_null_rejected_and_lists_variables_before_init)
 {
     ema_status_t s;
     env_small();
@@ -759,7 +761,7 @@ START_TEST(test_config_print_null_rejected_and_lists_variables_before_init)
 }
 END_TEST
 
-START_TEST(test_info_print_bad_stream_or_flags_rejected_and_prints_nothing)
+EMA_TEST("always_safe", test_info_print_bad_stream_or_flags_rejected_and_prints_nothing)
 {
     static const unsigned bad[] = {0, 1u << 8, EMA_INFO_VERSION | (1u << 9), ~0u};
     ema_status_t s;
@@ -777,7 +779,7 @@ START_TEST(test_info_print_bad_stream_or_flags_rejected_and_prints_nothing)
 }
 END_TEST
 
-START_TEST(test_info_print_before_init_notes_the_missing_world)
+EMA_TEST("always_safe", test_info_print_before_init_notes_the_missing_world)
 {
     ema_status_t s;
     env_small();
@@ -788,7 +790,7 @@ START_TEST(test_info_print_before_init_notes_the_missing_world)
 }
 END_TEST
 
-START_TEST(test_version_string_and_strerror_safe_before_and_after_init)
+EMA_TEST("always_safe", test_version_string_and_strerror_safe_before_and_after_init)
 {
     char want[32];
     snprintf(want, sizeof(want), "%d.%d.%d", EMA_VERSION_MAJOR, EMA_VERSION_MINOR,
@@ -803,75 +805,8 @@ START_TEST(test_version_string_and_strerror_safe_before_and_after_init)
 }
 END_TEST
 
-static Suite *api_args_suite(void)
-{
-    Suite *s = suite_create("api_args");
-    TCase *tc;
-
-    tc = tcase_create("lifecycle");
-    tcase_add_test(tc, test_every_call_before_init_returns_state_and_writes_nothing);
-    tcase_add_test(tc, test_every_call_after_finalize_returns_state_and_writes_nothing);
-    tcase_add_test(tc, test_second_init_returns_state_and_world_keeps_working);
-    tcase_add_test(tc, test_finalize_frees_live_windows_and_second_finalize_returns_state);
-    tcase_add_test(tc, test_init_unknown_field_mask_bits_rejected_and_init_still_possible);
-    tcase_add_test(tc, test_init_bad_memory_kind_or_zero_capacity_rejected);
-    tcase_add_test(tc, test_init_cuda_kind_without_gpu_fails_unsupported_and_changes_nothing);
-    tcase_add_test(tc, test_init_bad_environment_value_rejected_then_init_works);
-    tcase_add_test(tc, test_init_params_override_environment_capacity);
-    tcase_add_test(tc, test_world_rank_and_size_reject_null_and_report_world_of_one);
-    suite_add_tcase(s, tc);
-
-    tc = tcase_create("windows");
-    tcase_add_test(tc, test_win_allocate_null_outputs_rejected_and_nothing_taken);
-    tcase_add_test(tc, test_win_allocate_unknown_field_mask_or_small_max_size_rejected);
-    tcase_add_test(tc, test_win_allocate_over_capacity_returns_no_memory_and_takes_nothing);
-    tcase_add_test(tc, test_win_allocate_zero_size_part_rejects_every_nonempty_access);
-    tcase_add_test(tc, test_win_free_null_foreign_or_freed_handle_rejected_and_live_window_intact);
-    tcase_add_test(tc, test_win_size_bad_handle_rank_or_null_output_rejected);
-    suite_add_tcase(s, tc);
-
-    tc = tcase_create("rma");
-    tcase_add_test(tc, test_put_beyond_part_returns_range_and_writes_nothing);
-    tcase_add_test(tc, test_get_beyond_part_returns_range_and_writes_nothing_to_buffer);
-    tcase_add_test(tc, test_put_get_inside_part_edges_succeed);
-    tcase_add_test(tc, test_rma_bad_rank_returns_invalid_rank_and_changes_nothing);
-    tcase_add_test(tc, test_rma_null_foreign_or_freed_window_returns_invalid_handle);
-    tcase_add_test(tc, test_rma_null_buffer_with_length_rejected_and_writes_nothing);
-    tcase_add_test(tc, test_nonblocking_null_req_p_rejected_and_nothing_transferred);
-    tcase_add_test(tc, test_wait_and_test_reject_null_or_foreign_request);
-    tcase_add_test(tc, test_nonblocking_request_completes_with_success);
-    tcase_add_test(tc, test_flush_bad_rank_or_handle_rejected_valid_flush_succeeds);
-    suite_add_tcase(s, tc);
-
-    tc = tcase_create("atomics");
-    tcase_add_test(tc, test_atomic_misaligned_offset_returns_alignment_and_changes_nothing);
-    tcase_add_test(tc, test_atomic_word_outside_part_returns_range_and_changes_nothing);
-    tcase_add_test(tc, test_fetch_add_returns_old_value_and_accepts_null_old_p);
-    tcase_add_test(tc, test_compare_swap_replaces_only_when_compare_matches);
-    suite_add_tcase(s, tc);
-
-    tc = tcase_create("always_safe");
-    tcase_add_test(tc, test_config_print_null_rejected_and_lists_variables_before_init);
-    tcase_add_test(tc, test_info_print_bad_stream_or_flags_rejected_and_prints_nothing);
-    tcase_add_test(tc, test_info_print_before_init_notes_the_missing_world);
-    tcase_add_test(tc, test_version_string_and_strerror_safe_before_and_after_init);
-    suite_add_tcase(s, tc);
-    return s;
-}
-
 int main(void)
 {
-    /* a world of one: nothing from a launcher */
-    unsetenv("PMIX_NAMESPACE");
-    unsetenv("PMIX_RANK");
-    unsetenv("PMIX_SERVER_URI4");
-    unsetenv("PMIX_SERVER_URI41");
-    unsetenv("PMIX_SERVER_URI3");
-    unsetenv("PMIX_SERVER_URI2");
-    unsetenv("PMIX_SERVER_URI21");
-    SRunner *sr = srunner_create(api_args_suite());
-    srunner_run_all(sr, CK_ENV);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    ema_check_world_of_one();
+    return ema_check_main("api_args", CK_ENV);
 }

@@ -45,6 +45,26 @@ static ema_win_h win_with_pattern(uint8_t **base_p)
     return w;
 }
 
+/* A world of one with a window holding the pattern. */
+typedef struct {
+    ema_win_h      w;
+    uint8_t       *base;
+    ema_mem_stat_t before; /* the memory statistics before the calls under test */
+} small_t;
+
+/* ema_init in the small world and the window; with @stat, before too. */
+static small_t small_window(int stat)
+{
+    small_t t;
+    env_small();
+    ck_assert_int_eq(ema_init(NULL), EMA_SUCCESS);
+    t.w = win_with_pattern(&t.base);
+    if (stat) {
+        ck_assert_int_eq(ema_mem_stat(&t.before), EMA_SUCCESS);
+    }
+    return t;
+}
+
 static void assert_unchanged(ema_win_h w, const uint8_t *base, const ema_mem_stat_t *before)
 {
     size_t sz = 0;
@@ -62,6 +82,13 @@ static void assert_unchanged(ema_win_h w, const uint8_t *base, const ema_mem_sta
     ck_assert_uint_eq(now.bytes_lent, before->bytes_lent);
     ck_assert_uint_eq(now.bytes_withheld, before->bytes_withheld);
     ck_assert_uint_eq(now.bytes_borrowed, before->bytes_borrowed);
+}
+
+/* assert_unchanged, then ema_finalize. */
+static void finish_unchanged(const small_t *t)
+{
+    assert_unchanged(t->w, t->base, &t->before);
+    ck_assert_int_eq(ema_finalize(), EMA_SUCCESS);
 }
 
 static void assert_elastic_calls_return_state(ema_win_h w)
@@ -103,15 +130,12 @@ END_TEST
 
 EMA_TEST("elastic", test_elastic_calls_reject_null_foreign_or_freed_window)
 {
-    uint8_t *base, *b2;
-    ema_mem_stat_t before;
+    uint8_t *b2;
     ema_win_stat_t ws;
-    env_small();
-    ck_assert_int_eq(ema_init(NULL), EMA_SUCCESS);
-    ema_win_h w = win_with_pattern(&base);
+    small_t t = small_window(0);
     ema_win_h dead = win_with_pattern(&b2);
     ck_assert_int_eq(ema_win_free(dead), EMA_SUCCESS);
-    ck_assert_int_eq(ema_mem_stat(&before), EMA_SUCCESS);
+    ck_assert_int_eq(ema_mem_stat(&t.before), EMA_SUCCESS);
     ema_win_h bad[] = {NULL, FOREIGN_WIN, dead};
     for (int i = 0; i < 3; i++) {
         memset(&ws, 0x5e, sizeof(ws));
@@ -124,35 +148,29 @@ EMA_TEST("elastic", test_elastic_calls_reject_null_foreign_or_freed_window)
         ck_assert_int_eq(ema_win_stat(bad[i], &ws), EMA_ERR_INVALID_HANDLE);
         ck_assert_uint_eq(((uint8_t *)&ws)[0], 0x5e);
     }
-    assert_unchanged(w, base, &before);
-    ck_assert_int_eq(ema_finalize(), EMA_SUCCESS);
+    finish_unchanged(&t);
 }
 END_TEST
 
 EMA_TEST("elastic", test_grow_past_max_size_or_below_size_and_shrink_above_size_rejected)
 {
-    uint8_t *base;
-    ema_mem_stat_t before;
-    env_small();
-    ck_assert_int_eq(ema_init(NULL), EMA_SUCCESS);
-    ema_win_h w = win_with_pattern(&base);
-    ck_assert_int_eq(ema_mem_stat(&before), EMA_SUCCESS);
-    ck_assert_int_eq(ema_win_grow(w, MAXSIZE + 1), EMA_ERR_INVALID_PARAM);
-    ck_assert_int_eq(ema_win_grow(w, SIZE_MAX), EMA_ERR_INVALID_PARAM);
-    ck_assert_int_eq(ema_win_grow(w, WSIZE - 1), EMA_ERR_INVALID_PARAM);
-    ck_assert_int_eq(ema_win_shrink(w, WSIZE + 1), EMA_ERR_INVALID_PARAM);
-    ck_assert_int_eq(ema_win_shrink(w, SIZE_MAX), EMA_ERR_INVALID_PARAM);
-    assert_unchanged(w, base, &before);
+    small_t t = small_window(1);
+    ck_assert_int_eq(ema_win_grow(t.w, MAXSIZE + 1), EMA_ERR_INVALID_PARAM);
+    ck_assert_int_eq(ema_win_grow(t.w, SIZE_MAX), EMA_ERR_INVALID_PARAM);
+    ck_assert_int_eq(ema_win_grow(t.w, WSIZE - 1), EMA_ERR_INVALID_PARAM);
+    ck_assert_int_eq(ema_win_shrink(t.w, WSIZE + 1), EMA_ERR_INVALID_PARAM);
+    ck_assert_int_eq(ema_win_shrink(t.w, SIZE_MAX), EMA_ERR_INVALID_PARAM);
+    assert_unchanged(t.w, t.base, &t.before);
     /* the valid forms work */
     size_t sz = 0;
-    ck_assert_int_eq(ema_win_grow(w, MAXSIZE), EMA_SUCCESS);
-    ck_assert_int_eq(ema_win_size(w, 0, &sz), EMA_SUCCESS);
+    ck_assert_int_eq(ema_win_grow(t.w, MAXSIZE), EMA_SUCCESS);
+    ck_assert_int_eq(ema_win_size(t.w, 0, &sz), EMA_SUCCESS);
     ck_assert_uint_eq(sz, MAXSIZE);
     for (size_t i = 0; i < WSIZE; i++) {
-        ck_assert_msg(base[i] == pat(i), "grow lost byte %zu", i);
+        ck_assert_msg(t.base[i] == pat(i), "grow lost byte %zu", i);
     }
-    ck_assert_int_eq(ema_win_shrink(w, 10), EMA_SUCCESS);
-    ck_assert_int_eq(ema_win_size(w, 0, &sz), EMA_SUCCESS);
+    ck_assert_int_eq(ema_win_shrink(t.w, 10), EMA_SUCCESS);
+    ck_assert_int_eq(ema_win_size(t.w, 0, &sz), EMA_SUCCESS);
     ck_assert_uint_eq(sz, 10);
     ck_assert_int_eq(ema_finalize(), EMA_SUCCESS);
 }
@@ -160,77 +178,63 @@ END_TEST
 
 EMA_TEST("elastic", test_reclaim_zero_or_over_capacity_and_release_unwithheld_rejected)
 {
-    uint8_t *base;
-    ema_mem_stat_t before;
-    env_small();
-    ck_assert_int_eq(ema_init(NULL), EMA_SUCCESS);
-    ema_win_h w = win_with_pattern(&base);
-    ck_assert_int_eq(ema_mem_stat(&before), EMA_SUCCESS);
+    small_t t = small_window(1);
     ck_assert_int_eq(ema_reclaim(0, EMA_TIMEOUT_INFINITE), EMA_ERR_INVALID_PARAM);
-    ck_assert_int_eq(ema_reclaim(before.capacity + 1, 1000), EMA_ERR_INVALID_PARAM);
+    ck_assert_int_eq(ema_reclaim(t.before.capacity + 1, 1000), EMA_ERR_INVALID_PARAM);
     ck_assert_int_eq(ema_reclaim(SIZE_MAX, 1000), EMA_ERR_INVALID_PARAM);
     ck_assert_int_eq(ema_reclaim_release(0), EMA_ERR_INVALID_PARAM);
     ck_assert_int_eq(ema_reclaim_release(SEG), EMA_ERR_INVALID_PARAM); /* nothing withheld */
-    assert_unchanged(w, base, &before);
+    assert_unchanged(t.w, t.base, &t.before);
     /* more than free + lent: the rest backs this rank's window */
-    ck_assert_int_eq(ema_reclaim(before.capacity, 1000), EMA_ERR_NO_MEMORY);
-    assert_unchanged(w, base, &before);
-    ck_assert_int_eq(ema_finalize(), EMA_SUCCESS);
+    ck_assert_int_eq(ema_reclaim(t.before.capacity, 1000), EMA_ERR_NO_MEMORY);
+    finish_unchanged(&t);
 }
 END_TEST
 
 EMA_TEST("elastic", test_acquire_release_outside_part_zero_length_or_unacquired_rejected)
 {
-    uint8_t *base;
-    ema_mem_stat_t before;
-    env_small();
-    ck_assert_int_eq(ema_init(NULL), EMA_SUCCESS);
-    ema_win_h w = win_with_pattern(&base);
-    ck_assert_int_eq(ema_mem_stat(&before), EMA_SUCCESS);
-    ck_assert_int_eq(ema_win_acquire(w, WSIZE, 1), EMA_ERR_RANGE);
-    ck_assert_int_eq(ema_win_acquire(w, 0, WSIZE + 1), EMA_ERR_RANGE);
-    ck_assert_int_eq(ema_win_acquire(w, SIZE_MAX, 1), EMA_ERR_RANGE);
-    ck_assert_int_eq(ema_win_acquire(w, 1, SIZE_MAX), EMA_ERR_RANGE);
-    ck_assert_int_eq(ema_win_release(w, WSIZE, 1), EMA_ERR_RANGE);
-    ck_assert_int_eq(ema_win_prefetch(w, WSIZE, 1), EMA_ERR_RANGE);
-    ck_assert_int_eq(ema_win_prefetch(w, 0, WSIZE + 1), EMA_ERR_RANGE);
-    ck_assert_int_eq(ema_win_prefetch(w, SIZE_MAX, 1), EMA_ERR_RANGE);
-    ck_assert_int_eq(ema_win_prefetch(w, 1, SIZE_MAX), EMA_ERR_RANGE);
-    ck_assert_int_eq(ema_win_prefetch(w, 0, 0), EMA_SUCCESS); /* a hint of nothing */
-    ck_assert_int_eq(ema_win_prefetch(w, 0, WSIZE), EMA_SUCCESS); /* all local: nothing moves */
-    ck_assert_int_eq(ema_win_acquire(w, 0, 0), EMA_ERR_INVALID_PARAM);
-    ck_assert_int_eq(ema_win_release(w, 0, 0), EMA_ERR_INVALID_PARAM);
-    ck_assert_int_eq(ema_win_release(w, 0, 8), EMA_ERR_INVALID_PARAM); /* never acquired */
+    small_t t = small_window(1);
+    /* (offset, len) outside the part, overflows included */
+    static const struct { size_t off, len; } out[] = {
+        {WSIZE, 1}, {0, WSIZE + 1}, {SIZE_MAX, 1}, {1, SIZE_MAX}};
+    for (size_t i = 0; i < sizeof(out) / sizeof(out[0]); i++) {
+        ck_assert_int_eq(ema_win_acquire(t.w, out[i].off, out[i].len), EMA_ERR_RANGE);
+    }
+    ck_assert_int_eq(ema_win_release(t.w, WSIZE, 1), EMA_ERR_RANGE);
+    for (size_t i = 0; i < sizeof(out) / sizeof(out[0]); i++) {
+        ck_assert_int_eq(ema_win_prefetch(t.w, out[i].off, out[i].len), EMA_ERR_RANGE);
+    }
+    ck_assert_int_eq(ema_win_prefetch(t.w, 0, 0), EMA_SUCCESS); /* a hint of nothing */
+    ck_assert_int_eq(ema_win_prefetch(t.w, 0, WSIZE), EMA_SUCCESS); /* all local: nothing moves */
+    ck_assert_int_eq(ema_win_acquire(t.w, 0, 0), EMA_ERR_INVALID_PARAM);
+    ck_assert_int_eq(ema_win_release(t.w, 0, 0), EMA_ERR_INVALID_PARAM);
+    ck_assert_int_eq(ema_win_release(t.w, 0, 8), EMA_ERR_INVALID_PARAM); /* never acquired */
     /* acquire one segment, release a range that also covers an unacquired one:
      * rejected, and nothing is released (the first release still works) */
-    ck_assert_int_eq(ema_win_acquire(w, 0, 8), EMA_SUCCESS);
-    ck_assert_int_eq(ema_win_release(w, 0, SEG + 8), EMA_ERR_INVALID_PARAM);
-    ck_assert_int_eq(ema_win_release(w, 0, 8), EMA_SUCCESS);
-    ck_assert_int_eq(ema_win_release(w, 0, 8), EMA_ERR_INVALID_PARAM);
+    ck_assert_int_eq(ema_win_acquire(t.w, 0, 8), EMA_SUCCESS);
+    ck_assert_int_eq(ema_win_release(t.w, 0, SEG + 8), EMA_ERR_INVALID_PARAM);
+    ck_assert_int_eq(ema_win_release(t.w, 0, 8), EMA_SUCCESS);
+    ck_assert_int_eq(ema_win_release(t.w, 0, 8), EMA_ERR_INVALID_PARAM);
     /* nesting is counted */
-    ck_assert_int_eq(ema_win_acquire(w, SEG, 2 * SEG), EMA_SUCCESS);
-    ck_assert_int_eq(ema_win_acquire(w, SEG, 2 * SEG), EMA_SUCCESS);
-    ck_assert_int_eq(ema_win_release(w, SEG, 2 * SEG), EMA_SUCCESS);
-    ck_assert_int_eq(ema_win_release(w, SEG, 2 * SEG), EMA_SUCCESS);
-    ck_assert_int_eq(ema_win_release(w, SEG, 2 * SEG), EMA_ERR_INVALID_PARAM);
-    assert_unchanged(w, base, &before);
-    ck_assert_int_eq(ema_finalize(), EMA_SUCCESS);
+    ck_assert_int_eq(ema_win_acquire(t.w, SEG, 2 * SEG), EMA_SUCCESS);
+    ck_assert_int_eq(ema_win_acquire(t.w, SEG, 2 * SEG), EMA_SUCCESS);
+    ck_assert_int_eq(ema_win_release(t.w, SEG, 2 * SEG), EMA_SUCCESS);
+    ck_assert_int_eq(ema_win_release(t.w, SEG, 2 * SEG), EMA_SUCCESS);
+    ck_assert_int_eq(ema_win_release(t.w, SEG, 2 * SEG), EMA_ERR_INVALID_PARAM);
+    finish_unchanged(&t);
 }
 END_TEST
 
 EMA_TEST("elastic", test_stat_calls_reject_null_output_and_report_the_window)
 {
-    uint8_t *base;
     ema_win_stat_t ws;
     ema_mem_stat_t ms;
-    env_small();
-    ck_assert_int_eq(ema_init(NULL), EMA_SUCCESS);
-    ema_win_h w = win_with_pattern(&base);
-    ck_assert_int_eq(ema_win_stat(w, NULL), EMA_ERR_INVALID_PARAM);
+    small_t t = small_window(0);
+    ck_assert_int_eq(ema_win_stat(t.w, NULL), EMA_ERR_INVALID_PARAM);
     ck_assert_int_eq(ema_mem_stat(NULL), EMA_ERR_INVALID_PARAM);
-    ck_assert_int_eq(ema_win_set_reclaim_cb(w, cb, NULL), EMA_SUCCESS);
-    ck_assert_int_eq(ema_win_set_reclaim_cb(w, NULL, NULL), EMA_SUCCESS);
-    ck_assert_int_eq(ema_win_stat(w, &ws), EMA_SUCCESS);
+    ck_assert_int_eq(ema_win_set_reclaim_cb(t.w, cb, NULL), EMA_SUCCESS);
+    ck_assert_int_eq(ema_win_set_reclaim_cb(t.w, NULL, NULL), EMA_SUCCESS);
+    ck_assert_int_eq(ema_win_stat(t.w, &ws), EMA_SUCCESS);
     ck_assert_uint_eq(ws.size, WSIZE);
     ck_assert_uint_ge(ws.max_size, MAXSIZE);
     ck_assert_uint_eq(ws.bytes_borrowed, 0);

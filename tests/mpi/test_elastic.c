@@ -322,11 +322,13 @@ static int scen_fail0;
 static int scen_pass, scen_fail;
 static double scen_t0;
 
+/* A scenario starts once every rank is clean (wait_clean). */
 static void scenario_begin(const char *name)
 {
     ema_test_begin(name);
     scen_fail0 = ema_t_failures;
     scen_t0 = t_now();
+    wait_clean("start");
 }
 
 static void scenario_end(void)
@@ -342,6 +344,14 @@ static void scenario_end(void)
                ema_t_current, total, total == 1 ? "" : "s", t_now() - scen_t0);
         fflush(stdout);
     }
+}
+
+/* The scenario's last barrier, the free of its window @win, its end. */
+static void scenario_end_free(ema_win_h win)
+{
+    T_OK(ema_barrier());
+    T_OK(ema_win_free(win));
+    scenario_end();
 }
 
 /* Collective: allocate a window with this rank's @size and @max_size. */
@@ -472,7 +482,6 @@ static void check_elastic_calls_state(const char *when)
 static void test_elastic_calls_validate_arguments(void)
 {
     scenario_begin(__func__);
-    wait_clean("start");
     /* every rank: a part of 2.5 segments that may grow to 4 */
     size_t size = 2 * SEG + SEG / 2, max = 4 * SEG;
     uint8_t *base;
@@ -603,7 +612,6 @@ static void test_grow_past_capacity_borrows_from_peers(void)
     ema_mem_stat_t before[64], after[64];
 
     scenario_begin(__func__);
-    wait_clean("start");
     gather_mem_stats(before);
     size_t extra = 4 * SEG + SEG / 2; /* 4.5 segments: the last one part-used */
     int ok = grow_window(&g, extra, 2 * SEG, 1);
@@ -699,7 +707,6 @@ static void test_base_pointer_stable_across_grow_reclaim_shrink(void)
     ema_mem_stat_t st[64];
 
     scenario_begin(__func__);
-    wait_clean("start");
     int ok = grow_window(&g, 4 * SEG, 2 * SEG, 10);
     uint8_t *const base0 = g.base;
     if (!ok) {
@@ -743,9 +750,7 @@ static void test_base_pointer_stable_across_grow_reclaim_shrink(void)
         T_STATUS(ema_reclaim_release(take), EMA_SUCCESS);
     }
 out:
-    T_OK(ema_barrier());
-    T_OK(ema_win_free(g.win));
-    scenario_end();
+    scenario_end_free(g.win);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -759,7 +764,6 @@ static void test_explicit_reclaim_returns_memory_data_intact(void)
     ema_win_stat_t ws0, ws;
 
     scenario_begin(__func__);
-    wait_clean("start");
     size_t extra = 6 * SEG;
     int ok = grow_window(&g, extra, 4 * SEG, 20);
     if (!ok) {
@@ -871,9 +875,7 @@ static void test_explicit_reclaim_returns_memory_data_intact(void)
     T_OK(ema_barrier());
     T_OK(ema_win_free(filler));
 out:
-    T_OK(ema_barrier());
-    T_OK(ema_win_free(g.win));
-    scenario_end();
+    scenario_end_free(g.win);
 }
 
 static void test_own_grow_reclaims_lent_memory_data_intact(void)
@@ -883,7 +885,6 @@ static void test_own_grow_reclaims_lent_memory_data_intact(void)
     ema_win_stat_t ws0, ws;
 
     scenario_begin(__func__);
-    wait_clean("start");
     size_t extra = 6 * SEG;
     int ok = grow_window(&g, extra, 0, 30);
     if (ema_t_rank == 0) {
@@ -932,19 +933,46 @@ static void test_own_grow_reclaims_lent_memory_data_intact(void)
 /* 7. an acquired range does not move until released                          */
 /* ------------------------------------------------------------------------ */
 
-typedef struct {
+/* One call on a thread of its own, to see whether it blocks. */
+typedef struct call_thread {
+    ema_status_t (*call)(struct call_thread *t);
     ema_win_h      win;
-    ema_win_stat_t ws;
-    ema_status_t   status;
+    size_t         off;    /* call_get_past: where to read */
+    ema_win_stat_t ws;     /* call_win_stat: the statistics */
+    ema_status_t   status; /* what the call returned */
     atomic_int     done;
-} stat_thread_t;
+    pthread_t      tid;
+    int            started;
+} call_thread_t;
 
-static void *stat_thread(void *arg)
+static void *call_thread_main(void *arg)
 {
-    stat_thread_t *t = arg;
-    t->status = ema_win_stat(t->win, &t->ws);
+    call_thread_t *t = arg;
+    t->status = t->call(t);
     atomic_store(&t->done, 1);
     return NULL;
+}
+
+/* Start @call on a thread and wait up to @limit_s seconds for it: returns
+ * whether it finished.  t->started says whether the thread started. */
+static int call_thread_run(call_thread_t *t, ema_status_t (*call)(call_thread_t *),
+                           ema_win_h win, size_t off, double limit_s)
+{
+    memset(t, 0, sizeof(*t));
+    t->call    = call;
+    t->win     = win;
+    t->off     = off;
+    t->started = pthread_create(&t->tid, NULL, call_thread_main, t) == 0;
+    double t0 = t_now();
+    while (t->started && !atomic_load(&t->done) && t_now() - t0 < limit_s) {
+        usleep(1000);
+    }
+    return t->started && atomic_load(&t->done);
+}
+
+static ema_status_t call_win_stat(call_thread_t *t)
+{
+    return ema_win_stat(t->win, &t->ws);
 }
 
 static void test_acquired_range_not_moved_until_released(void)
@@ -952,12 +980,9 @@ static void test_acquired_range_not_moved_until_released(void)
     grown_t g;
     ema_mem_stat_t st[64];
     ema_win_stat_t ws0, ws;
-    stat_thread_t sth;
-    pthread_t tid;
-    int started = 0;
+    call_thread_t sth = {.started = 0};
 
     scenario_begin(__func__);
-    wait_clean("start");
     size_t extra = 4 * SEG;
     int ok = grow_window(&g, extra, 0, 40);
     if (!ok) {
@@ -986,16 +1011,9 @@ static void test_acquired_range_not_moved_until_released(void)
     if (ema_t_rank == 0) {
         check_local(g.win, g.base, 0, g.size, 40, "owner's loads while held");
         /* the owner's own statistics call must not block on the waiting reclaim */
-        memset(&sth, 0, sizeof(sth));
-        sth.win = g.win;
-        started = pthread_create(&tid, NULL, stat_thread, &sth) == 0;
-        double t0 = t_now();
-        while (started && !atomic_load(&sth.done) && t_now() - t0 < 2.0) {
-            usleep(1000);
-        }
-        T_EXPECT(started && atomic_load(&sth.done),
-                 "ema_win_stat blocked for 2 s while a reclaim waited on an acquired range");
-        if (started && atomic_load(&sth.done)) {
+        int done = call_thread_run(&sth, call_win_stat, g.win, 0, 2.0);
+        T_EXPECT(done, "ema_win_stat blocked for 2 s while a reclaim waited on an acquired range");
+        if (done) {
             T_EXPECT(sth.status == EMA_SUCCESS && sth.ws.migrations == ws0.migrations &&
                      sth.ws.bytes_borrowed == ws0.bytes_borrowed,
                      "held range moved: " WS_FMT, WS_ARGS(sth.ws));
@@ -1009,8 +1027,8 @@ static void test_acquired_range_not_moved_until_released(void)
     /* released: the segments move and the lender gets them back */
     if (ema_t_rank == 0) {
         T_STATUS(ema_win_release(g.win, g.own, extra), EMA_SUCCESS);
-        if (started) {
-            pthread_join(tid, NULL);
+        if (sth.started) {
+            pthread_join(sth.tid, NULL);
         }
     }
     if (ema_t_rank == L) {
@@ -1042,9 +1060,7 @@ static void test_acquired_range_not_moved_until_released(void)
         check_remote(g.win, 0, 0, g.size, 40, "third rank's gets after the move");
     }
 out:
-    T_OK(ema_barrier());
-    T_OK(ema_win_free(g.win));
-    scenario_end();
+    scenario_end_free(g.win);
 }
 
 /* ema_win_prefetch: rank 0's window is grown past its free memory (a
@@ -1061,7 +1077,6 @@ static void test_prefetch_brings_borrowed_range_home(void)
     size_t nb = 4;
 
     scenario_begin(__func__);
-    wait_clean("start");
     ema_win_h ballast = alloc_win(ema_t_rank == 0 ? nb * SEG : 0, ema_t_rank == 0 ? nb * SEG : 0,
                                   &bb);
     int ok = grow_window(&g, nb * SEG, 0, 60);
@@ -1110,9 +1125,7 @@ static void test_prefetch_brings_borrowed_range_home(void)
         check_remote(g.win, 0, 0, g.size, 60, "peer's gets after the prefetch");
     }
 out:
-    T_OK(ema_barrier());
-    T_OK(ema_win_free(g.win));
-    scenario_end();
+    scenario_end_free(g.win);
 }
 
 /* A peer's table lookup while a reclaim waits on an acquired range: an
@@ -1120,20 +1133,10 @@ out:
  * table (TABLE_REQ) before it fails with EMA_ERR_RANGE.  That must not wait
  * for the held range.  A hang here ends the job (_exit), so this scenario
  * runs alone (mode "held"). */
-typedef struct {
-    ema_win_h    win;
-    size_t       off;
-    ema_status_t status;
-    atomic_int   done;
-} get_thread_t;
-
-static void *get_thread(void *arg)
+static ema_status_t call_get_past(call_thread_t *t)
 {
-    get_thread_t *t = arg;
     uint64_t v;
-    t->status = ema_get(t->win, 0, t->off, &v, sizeof(v));
-    atomic_store(&t->done, 1);
-    return NULL;
+    return ema_get(t->win, 0, t->off, &v, sizeof(v));
 }
 
 static void test_peer_lookup_not_blocked_by_held_range(void)
@@ -1142,7 +1145,6 @@ static void test_peer_lookup_not_blocked_by_held_range(void)
     ema_mem_stat_t st[64];
 
     scenario_begin(__func__);
-    wait_clean("start");
     size_t extra = 2 * SEG;
     int ok = grow_window(&g, extra, 2 * SEG, 45); /* headroom: a lookup, not a bounds error */
     if (ok && ema_t_rank == 0) {
@@ -1156,17 +1158,11 @@ static void test_peer_lookup_not_blocked_by_held_range(void)
     }
     T_OK(ema_barrier());
     if (ema_t_rank == T) {
-        get_thread_t gt;
-        pthread_t tid;
-        memset(&gt, 0, sizeof(gt));
-        gt.win = g.win;
-        gt.off = g.size; /* just past the part: a table lookup, then EMA_ERR_RANGE */
-        T_OK(pthread_create(&tid, NULL, get_thread, &gt) == 0 ? EMA_SUCCESS : EMA_ERR_NO_RESOURCE);
-        double t0 = t_now();
-        while (!atomic_load(&gt.done) && t_now() - t0 < 3.0) {
-            usleep(1000);
-        }
-        if (!atomic_load(&gt.done)) {
+        call_thread_t gt;
+        /* just past the part: a table lookup, then EMA_ERR_RANGE */
+        int done = call_thread_run(&gt, call_get_past, g.win, g.size, 3.0);
+        T_OK(gt.started ? EMA_SUCCESS : EMA_ERR_NO_RESOURCE);
+        if (!done) {
             fprintf(stderr, "FAIL rank %d %s: ema_get past rank 0's size hung for 3 s while a "
                     "reclaim waited on rank 0's acquired range; ending the job\n", ema_t_rank,
                     ema_t_current);
@@ -1175,7 +1171,7 @@ static void test_peer_lookup_not_blocked_by_held_range(void)
             fflush(stderr);
             _exit(1);
         }
-        pthread_join(tid, NULL);
+        pthread_join(gt.tid, NULL);
         T_STATUS(gt.status, EMA_ERR_RANGE);
     }
     T_OK(ema_barrier());
@@ -1191,9 +1187,7 @@ static void test_peer_lookup_not_blocked_by_held_range(void)
     if (ok && ema_t_rank == 0) {
         check_local(g.win, g.base, 0, g.size, 45, "owner's loads after the move");
     }
-    T_OK(ema_barrier());
-    T_OK(ema_win_free(g.win));
-    scenario_end();
+    scenario_end_free(g.win);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1243,13 +1237,10 @@ static void test_put_get_racing_migration_lose_no_word(void)
     const size_t nb = 4;
 
     scenario_begin(__func__);
-    wait_clean("start");
     clear_own_flags();
     int ok = grow_window(&g, nb * SEG, 0, 50); /* the borrowed range holds pattern 50 */
     if (!ok) {
-        T_OK(ema_barrier());
-        T_OK(ema_win_free(g.win));
-        scenario_end();
+        scenario_end_free(g.win);
         return;
     }
     if (ema_t_rank == 0) {
@@ -1383,9 +1374,7 @@ static void test_put_get_racing_migration_lose_no_word(void)
         T_STATUS(ema_reclaim_release(take), EMA_SUCCESS);
     }
 #undef CHUNK_OFF
-    T_OK(ema_barrier());
-    T_OK(ema_win_free(g.win));
-    scenario_end();
+    scenario_end_free(g.win);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1401,15 +1390,21 @@ static size_t peers_lendable(const ema_mem_stat_t *all)
     return n;
 }
 
+/* scenario_begin, then every rank's memory statistics in @st; returns what
+ * the peers of rank 0 can lend. */
+static size_t scenario_begin_lendable(const char *name, ema_mem_stat_t *st)
+{
+    scenario_begin(name);
+    gather_mem_stats(st);
+    return peers_lendable(st);
+}
+
 static void test_grow_spills_when_all_peer_memory_used(void)
 {
     grown_t g;
     ema_mem_stat_t st[64], st2[64];
 
-    scenario_begin(__func__);
-    wait_clean("start");
-    gather_mem_stats(st);
-    size_t pl = peers_lendable(st);
+    size_t pl = scenario_begin_lendable(__func__, st);
     T_EXPECT(pl > 0 && pl <= 6 * SEG, "peers can lend %zu bytes: not the intended setup", pl);
     int ok = grow_window(&g, pl + 2 * SEG, 0, 60);
     gather_mem_stats(st2);
@@ -1430,9 +1425,7 @@ static void test_grow_spills_when_all_peer_memory_used(void)
     if (ok) {
         round_trip(g.win, g.base, g.size, 61, "borrowed and spilled");
     }
-    T_OK(ema_barrier());
-    T_OK(ema_win_free(g.win));
-    scenario_end();
+    scenario_end_free(g.win);
 }
 
 static void test_shrink_returns_spilled_before_borrowed(void)
@@ -1440,10 +1433,7 @@ static void test_shrink_returns_spilled_before_borrowed(void)
     grown_t g;
     ema_mem_stat_t st[64];
 
-    scenario_begin(__func__);
-    wait_clean("start");
-    gather_mem_stats(st);
-    size_t pl = peers_lendable(st);
+    size_t pl = scenario_begin_lendable(__func__, st);
     int ok = grow_window(&g, pl + 3 * SEG, 0, 70);
     size_t final = g.own > SEG ? g.own - SEG : 0;
     if (ok && ema_t_rank == 0) {
@@ -1492,9 +1482,7 @@ static void test_shrink_returns_spilled_before_borrowed(void)
         T_EXPECT(poll_mem(lent_is, 0, &m), "lender still lends %zu after the shrink",
                  m.bytes_lent);
     }
-    T_OK(ema_barrier());
-    T_OK(ema_win_free(g.win));
-    scenario_end();
+    scenario_end_free(g.win);
 }
 
 static void test_shrink_brings_spilled_home_before_borrowed(void)
@@ -1503,7 +1491,6 @@ static void test_shrink_brings_spilled_home_before_borrowed(void)
     ema_mem_stat_t st[64];
 
     scenario_begin(__func__);
-    wait_clean("start");
     /* a first window holds 3 of rank 0's segments, to be freed later */
     void *ab;
     ema_win_h aw = alloc_win(ema_t_rank == 0 ? 3 * SEG : 0, ema_t_rank == 0 ? 3 * SEG : 0, &ab);
@@ -1558,7 +1545,6 @@ static void test_grow_spills_when_no_peer_can_lend(void)
     ema_mem_stat_t st[64];
 
     scenario_begin(__func__);
-    wait_clean("start");
     int ok = grow_window(&g, 3 * SEG, 0, 90);
     gather_mem_stats(st);
     if (ok && ema_t_rank == 0) {
@@ -1632,7 +1618,6 @@ static void test_grow_fails_no_memory_when_spill_tier_full(void)
     grown_t g;
 
     scenario_begin(__func__);
-    wait_clean("start");
     int ok = grow_window(&g, 3 * SEG, 4 * SEG, 100);
     if (ok) {
         /* 2 more segments: the 4-segment spill tier has 1 left */
@@ -1649,9 +1634,7 @@ static void test_grow_fails_no_memory_when_spill_tier_full(void)
             T_STATUS(ema_win_grow(g.win, g.size + SEG + 1), EMA_ERR_NO_MEMORY);
         }
     }
-    T_OK(ema_barrier());
-    T_OK(ema_win_free(g.win));
-    scenario_end();
+    scenario_end_free(g.win);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1663,10 +1646,7 @@ static void test_grow_fails_no_memory_leaves_window_unchanged(void)
     grown_t g;
     ema_mem_stat_t st[64];
 
-    scenario_begin(__func__);
-    wait_clean("start");
-    gather_mem_stats(st);
-    size_t pl = peers_lendable(st);
+    size_t pl = scenario_begin_lendable(__func__, st);
     T_EXPECT(pl > 0, "peers can lend nothing: not the intended setup");
     /* a window with all of rank 0's memory, not a whole number of segments */
     int ok = grow_window(&g, 0, pl + 2 * SEG, 110);
@@ -1687,9 +1667,7 @@ static void test_grow_fails_no_memory_leaves_window_unchanged(void)
             check_local(g.win, g.base, 0, cur, 110, "data after growing inside the last segment");
         }
     }
-    T_OK(ema_barrier());
-    T_OK(ema_win_free(g.win));
-    scenario_end();
+    scenario_end_free(g.win);
 }
 
 static void test_grow_fails_no_memory_when_all_peer_memory_used(void)
@@ -1697,10 +1675,7 @@ static void test_grow_fails_no_memory_when_all_peer_memory_used(void)
     grown_t g;
     ema_mem_stat_t st[64];
 
-    scenario_begin(__func__);
-    wait_clean("start");
-    gather_mem_stats(st);
-    size_t pl = peers_lendable(st);
+    size_t pl = scenario_begin_lendable(__func__, st);
     int ok = grow_window(&g, pl, 2 * SEG, 120);
     if (ok && ema_t_rank == 0) {
         ema_win_stat_t ws;
@@ -1711,9 +1686,7 @@ static void test_grow_fails_no_memory_when_all_peer_memory_used(void)
         expect_grow_fails_unchanged(&g, g.size, g.size + 1, 120);
         expect_grow_fails_unchanged(&g, g.size, g.size + 2 * SEG, 120);
     }
-    T_OK(ema_barrier());
-    T_OK(ema_win_free(g.win));
-    scenario_end();
+    scenario_end_free(g.win);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1728,10 +1701,7 @@ static void test_reclaim_with_nowhere_to_move_fails_fast(void)
     grown_t g;
     ema_mem_stat_t st[64];
 
-    scenario_begin(__func__);
-    wait_clean("start");
-    gather_mem_stats(st);
-    size_t pl = peers_lendable(st);
+    size_t pl = scenario_begin_lendable(__func__, st);
     int ok = grow_window(&g, pl, 0, 130);
     gather_mem_stats(st);
     int L = top_lender(st);
@@ -1792,9 +1762,7 @@ static void test_reclaim_with_nowhere_to_move_fails_fast(void)
                  "succeeded", ws.bytes_wanted);
         check_local(g.win, g.base, 0, keep, 130, "owner's loads after the second reclaim");
     }
-    T_OK(ema_barrier());
-    T_OK(ema_win_free(g.win));
-    scenario_end();
+    scenario_end_free(g.win);
 }
 
 int main(int argc, char **argv)
@@ -1828,35 +1796,42 @@ int main(int argc, char **argv)
         fflush(stdout);
     }
 
+    /* the scenarios of each mode, in order */
+    static const struct {
+        const char *mode;
+        void (*run[9])(void); /* up to the first NULL */
+    } modes[] = {
+        {"default", {test_elastic_calls_validate_arguments,
+                     test_grow_past_capacity_borrows_from_peers,
+                     test_base_pointer_stable_across_grow_reclaim_shrink,
+                     test_explicit_reclaim_returns_memory_data_intact,
+                     test_own_grow_reclaims_lent_memory_data_intact,
+                     test_acquired_range_not_moved_until_released,
+                     test_prefetch_brings_borrowed_range_home,
+                     test_put_get_racing_migration_lose_no_word}},
+        {"held", {test_peer_lookup_not_blocked_by_held_range}},
+        {"spill", {test_grow_spills_when_all_peer_memory_used,
+                   test_shrink_returns_spilled_before_borrowed,
+                   test_shrink_brings_spilled_home_before_borrowed}},
+        {"nolend", {test_grow_spills_when_no_peer_can_lend,
+                    test_grow_fails_no_memory_when_spill_tier_full}},
+        {"nomem", {test_grow_fails_no_memory_leaves_window_unchanged,
+                   test_grow_fails_no_memory_when_all_peer_memory_used,
+                   test_reclaim_with_nowhere_to_move_fails_fast}},
+        {"noprog", {test_explicit_reclaim_returns_memory_data_intact,
+                    test_own_grow_reclaims_lent_memory_data_intact}},
+    };
+    size_t m = 0, nmodes = sizeof(modes) / sizeof(modes[0]);
+    while (m < nmodes && strcmp(mode, modes[m].mode) != 0) {
+        m++;
+    }
     double t0 = t_now();
-    if (strcmp(mode, "default") == 0) {
-        test_elastic_calls_validate_arguments();
-        test_grow_past_capacity_borrows_from_peers();
-        test_base_pointer_stable_across_grow_reclaim_shrink();
-        test_explicit_reclaim_returns_memory_data_intact();
-        test_own_grow_reclaims_lent_memory_data_intact();
-        test_acquired_range_not_moved_until_released();
-        test_prefetch_brings_borrowed_range_home();
-        test_put_get_racing_migration_lose_no_word();
-    } else if (strcmp(mode, "held") == 0) {
-        test_peer_lookup_not_blocked_by_held_range();
-    } else if (strcmp(mode, "spill") == 0) {
-        test_grow_spills_when_all_peer_memory_used();
-        test_shrink_returns_spilled_before_borrowed();
-        test_shrink_brings_spilled_home_before_borrowed();
-    } else if (strcmp(mode, "nolend") == 0) {
-        test_grow_spills_when_no_peer_can_lend();
-        test_grow_fails_no_memory_when_spill_tier_full();
-    } else if (strcmp(mode, "nomem") == 0) {
-        test_grow_fails_no_memory_leaves_window_unchanged();
-        test_grow_fails_no_memory_when_all_peer_memory_used();
-        test_reclaim_with_nowhere_to_move_fails_fast();
-    } else if (strcmp(mode, "noprog") == 0) {
-        test_explicit_reclaim_returns_memory_data_intact();
-        test_own_grow_reclaims_lent_memory_data_intact();
-    } else {
+    if (m == nmodes) {
         fprintf(stderr, "test_elastic: unknown mode %s\n", mode);
         ema_t_failures++;
+    }
+    for (int i = 0; m < nmodes && i < 9 && modes[m].run[i] != NULL; i++) {
+        modes[m].run[i]();
     }
     if (ema_t_rank == 0) {
         printf("# %s: %d scenario%s passed, %d failed, %.2f s\n", mode, scen_pass,

@@ -13,6 +13,36 @@
  * operation to it is in flight), so no operation uses a stale location; a
  * grown part is learned from an update message, or fetched from the owner
  * when an offset falls past the cached size.
+ *
+ * Lock order (src/README.md has the edges and the exceptions):
+ *   win->lock -> pool->advert_lock -> UCX worker lock -> pool->lock
+ *     -> segment pool lock;
+ *   leaves: ctx->lock, pool->acq_lock, ctx->amo_lock, xp->defer_lock,
+ *   xp->coll_lock, mem/host.c's fd-cache lock.
+ * One window's lock at a time.  No EMA mutex but win->lock and advert_lock
+ * is held across a UCX call: the AM handlers take pool->lock, acq_lock,
+ * ctx->lock, coll_lock and defer_lock under UCX's lock.  The pool never
+ * takes win->lock.
+ *
+ * Threads:
+ * - application threads: put/get/atomics take no EMA mutex (on cuda the
+ *   holder of an atomic's word takes amo_lock); every wait progresses UCX,
+ *   and a wait for peers (or for MOVING to clear) also runs quick jobs;
+ *   ema_progress runs one long job too, and so do ema_barrier without a
+ *   progress thread and ema_win_free waiting for a prefetch;
+ *   ema_win_shrink migrates in the caller.
+ * - the progress thread: UCX progress, quick jobs, one long job a pass;
+ *   it leaves the worker alone while the application uses it (and
+ *   EMA_PROGRESS_HOLDOFF us after, forcing a pass every 1 ms).
+ * - UCX callbacks (AM handlers, any thread): never send, wait or take
+ *   win->lock; what must send or wait becomes a job.
+ * - quick jobs (BORROW, INVAL, TABLE_REQ, AMO, ADVERT) never wait for
+ *   another rank and run in every wait for peers, under win->lock too;
+ *   long jobs (recall, prefetch, prefault) run only where no EMA lock is
+ *   held.
+ * - migrations (ema__win_move) run in a recall or prefetch job or in
+ *   ema_win_shrink, under win->lock, never dropped; the owner's reclaim
+ *   callback runs on that thread just before, without win->lock.
  */
 #ifndef EMA_WIN_H_
 #define EMA_WIN_H_

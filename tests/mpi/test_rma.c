@@ -41,26 +41,29 @@ static void complete(ema_request_h req, int by_test)
     T_STATUS(s, EMA_SUCCESS);
 }
 
-static void do_put(int target, size_t off, const void *buf, size_t len, int mode)
+/* A put (@get 0) or a get of [off, off+len) of @target's part: blocking
+ * (@mode 0), or non-blocking and completed by ema_wait (1) or ema_test (2). */
+static void do_rma(int get, int target, size_t off, void *buf, size_t len, int mode)
 {
     if (mode == 0) {
-        T_STATUS(ema_put(win, target, off, buf, len), EMA_SUCCESS);
+        T_STATUS(get ? ema_get(win, target, off, buf, len) : ema_put(win, target, off, buf, len),
+                 EMA_SUCCESS);
     } else {
         ema_request_h req = NULL;
-        T_OK(ema_put_nb(win, target, off, buf, len, &req));
+        T_OK(get ? ema_get_nb(win, target, off, buf, len, &req)
+                 : ema_put_nb(win, target, off, buf, len, &req));
         complete(req, mode == 2);
     }
 }
 
+static void do_put(int target, size_t off, const void *buf, size_t len, int mode)
+{
+    do_rma(0, target, off, (void *)buf, len, mode);
+}
+
 static void do_get(int target, size_t off, void *buf, size_t len, int mode)
 {
-    if (mode == 0) {
-        T_STATUS(ema_get(win, target, off, buf, len), EMA_SUCCESS);
-    } else {
-        ema_request_h req = NULL;
-        T_OK(ema_get_nb(win, target, off, buf, len, &req));
-        complete(req, mode == 2);
-    }
+    do_rma(1, target, off, buf, len, mode);
 }
 
 /*

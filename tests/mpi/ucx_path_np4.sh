@@ -4,16 +4,8 @@
 # (ema__win_seg_move_batch: copies queued in pieces, each remapped once its mark is passed),
 # as a GPU would. Runs test_rma, test_atomics, test_elastic (16 segments of 1M per rank,
 # nothing reserved, spill to host), test_borrow_all and 5 s of ema_stress on 4 ranks that way.
-if [ -z "$MPIRUN" ]; then
-    echo "SKIP: no mpirun found by configure (MPIRUN is empty)"
-    exit 77
-fi
-EMA_HOST_DIRECT=n; export EMA_HOST_DIRECT
-EMA_DEVICE_MEMORY=16M; export EMA_DEVICE_MEMORY
-EMA_SEGMENT_SIZE=1M; export EMA_SEGMENT_SIZE
-EMA_LEND_RESERVE=0; export EMA_LEND_RESERVE
-EMA_SPILL=host; export EMA_SPILL
-EMA_SPILL_SIZE=64M; export EMA_SPILL_SIZE
+. "$top_srcdir/tests/mpi/np4.sh"
+np4_env HOST_DIRECT=n SPILL=host SPILL_SIZE=64M
 rc=0
 for prog in test_rma test_atomics "test_elastic default"; do
     echo "== $prog (EMA_HOST_DIRECT=n)"

@@ -163,30 +163,28 @@ static void note_op(const char *what, size_t a, size_t b, ema_status_t s, double
     }
 }
 
+/* A status other than EMA_SUCCESS from @what (at @line): report it, then
+ * count it (the run goes on) or, with @fatal, stop this rank. */
+static void check_status(ema_status_t s, const char *what, int line, int fatal)
+{
+    if (s == EMA_SUCCESS) {
+        return;
+    }
+    fprintf(stderr, "ema_stress: rank %d: %s failed: %d (%s) at line %d%s\n", rank, what, (int)s,
+            ema_strerror(s), line, fatal ? "; aborting" : "");
+    fflush(stderr);
+    if (fatal) {
+        exit(2);
+    }
+    st.errors++;
+}
+
 /* An unexpected status: report and count; the run goes on. */
-#define EXPECT_OK(_call)                                                                   \
-    do {                                                                                   \
-        ema_status_t s_ = (_call);                                                         \
-        if (s_ != EMA_SUCCESS) {                                                           \
-            fprintf(stderr, "ema_stress: rank %d: %s failed: %d (%s) at line %d\n", rank,  \
-                    #_call, (int)s_, ema_strerror(s_), __LINE__);                          \
-            fflush(stderr);                                                                \
-            st.errors++;                                                                   \
-        }                                                                                  \
-    } while (0)
+#define EXPECT_OK(_call) check_status((_call), #_call, __LINE__, 0)
 
 /* A failure that leaves the ranks unable to stay in step: stop this rank
  * (mpirun then stops the others). */
-#define MUST(_call)                                                                        \
-    do {                                                                                   \
-        ema_status_t s_ = (_call);                                                         \
-        if (s_ != EMA_SUCCESS) {                                                           \
-            fprintf(stderr, "ema_stress: rank %d: %s failed: %d (%s) at line %d; "         \
-                    "aborting\n", rank, #_call, (int)s_, ema_strerror(s_), __LINE__);      \
-            fflush(stderr);                                                                \
-            exit(2);                                                                       \
-        }                                                                                  \
-    } while (0)
+#define MUST(_call) check_status((_call), #_call, __LINE__, 1)
 
 /* ------------------------------------------------------------------------- */
 /* Words and the model                                                        */

@@ -7,6 +7,8 @@
  */
 #include <ema.h>
 
+#include "check_main.h"
+
 #include <check.h>
 #include <limits.h>
 #include <stdint.h>
@@ -74,6 +76,53 @@ static void assert_all_bytes(const uint8_t *buf, size_t len, uint8_t v)
     }
 }
 
+/* ema_init in the small world, then a window with the pattern. */
+static ema_win_h init_with_pattern(uint8_t **base_p)
+{
+    init_small();
+    return win_with_pattern(base_p);
+}
+
+/* The handle of a window already freed. */
+static ema_win_h freed_window(void)
+{
+    uint8_t *b;
+    ema_win_h dead = win_with_pattern(&b);
+    ck_assert_int_eq(ema_win_free(dead), EMA_SUCCESS);
+    return dead;
+}
+
+/* The window kept its pattern; then ema_finalize. */
+static void finish_with_pattern(ema_win_h w, const uint8_t *base)
+{
+    assert_pattern(w, base);
+    ck_assert_int_eq(ema_finalize(), EMA_SUCCESS);
+}
+
+/* Put, get, their non-blocking forms, the flush (and with @flush_all the
+ * flush of all) and both atomics on rank @rank of @w return @want, and
+ * write nothing: not the request, not the buffer, not the old value. */
+static void assert_rma_calls_return(ema_win_h w, int rank, int flush_all, ema_status_t want)
+{
+    uint8_t buf[64];
+    uint64_t old = SENTINEL;
+    ema_request_h req = BAD_REQ;
+    memset(buf, 0xcc, sizeof(buf));
+    ck_assert_int_eq(ema_put(w, rank, 0, buf, 8), want);
+    ck_assert_int_eq(ema_get(w, rank, 0, buf, 8), want);
+    ck_assert_int_eq(ema_put_nb(w, rank, 0, buf, 8, &req), want);
+    ck_assert_int_eq(ema_get_nb(w, rank, 0, buf, 8, &req), want);
+    ck_assert_ptr_eq(req, BAD_REQ);
+    ck_assert_int_eq(ema_win_flush(w, rank), want);
+    if (flush_all) {
+        ck_assert_int_eq(ema_win_flush_all(w), want);
+    }
+    ck_assert_int_eq(ema_fetch_add(w, rank, 0, 1, &old), want);
+    ck_assert_int_eq(ema_compare_swap(w, rank, 0, 0, 1, &old), want);
+    ck_assert_uint_eq(old, SENTINEL);
+    assert_all_bytes(buf, sizeof(buf), 0xcc);
+}
+
 /* Every call that needs a world, given handles that may be anything: each
  * must return EMA_ERR_STATE and write no output. */
 static void assert_every_call_returns_state(ema_win_h w, ema_request_h r)
@@ -114,44 +163,48 @@ static void assert_every_call_returns_state(ema_win_h w, ema_request_h r)
     ck_assert_int_eq(ema_finalize(), EMA_ERR_STATE);
 }
 
+/* Every call given (@w1, @r1), then given (@w2, @r2), returns
+ * EMA_ERR_STATE and writes nothing; then ema_init and ema_finalize return
+ * @then. */
+static void assert_state_then_init(ema_win_h w1, ema_request_h r1, ema_win_h w2,
+                                   ema_request_h r2, ema_status_t then)
+{
+    assert_every_call_returns_state(w1, r1);
+    assert_every_call_returns_state(w2, r2);
+    ck_assert_int_eq(ema_init(NULL), then);
+    ck_assert_int_eq(ema_finalize(), then);
+}
+
 /* --- lifecycle ----------------------------------------------------------- */
 
-START_TEST(test_every_call_before_init_returns_state_and_writes_nothing)
+EMA_TEST("lifecycle", test_every_call_before_init_returns_state_and_writes_nothing)
 {
     env_small();
-    assert_every_call_returns_state(NULL, NULL);
-    assert_every_call_returns_state(FOREIGN_WIN, FOREIGN_REQ);
     /* and the library can still be initialised */
-    ck_assert_int_eq(ema_init(NULL), EMA_SUCCESS);
-    ck_assert_int_eq(ema_finalize(), EMA_SUCCESS);
+    assert_state_then_init(NULL, NULL, FOREIGN_WIN, FOREIGN_REQ, EMA_SUCCESS);
 }
 END_TEST
 
-START_TEST(test_every_call_after_finalize_returns_state_and_writes_nothing)
+EMA_TEST("lifecycle", test_every_call_after_finalize_returns_state_and_writes_nothing)
 {
     uint8_t *base;
     ema_request_h req = NULL;
-    init_small();
-    ema_win_h w = win_with_pattern(&base);
+    ema_win_h w = init_with_pattern(&base);
     ck_assert_int_eq(ema_put_nb(w, 0, 0, base + 8, 8, &req), EMA_SUCCESS);
     ck_assert_int_eq(ema_wait(req), EMA_SUCCESS);
     ck_assert_int_eq(ema_finalize(), EMA_SUCCESS); /* frees the window too */
-    assert_every_call_returns_state(w, req);
-    assert_every_call_returns_state(NULL, NULL);
-    ck_assert_int_eq(ema_init(NULL), EMA_ERR_STATE);
-    ck_assert_int_eq(ema_finalize(), EMA_ERR_STATE);
+    assert_state_then_init(w, req, NULL, NULL, EMA_ERR_STATE);
 }
 END_TEST
 
-START_TEST(test_second_init_returns_state_and_world_keeps_working)
+EMA_TEST("lifecycle", test_second_init_returns_state_and_world_keeps_working)
 {
     ema_init_params_t p = {.field_mask = EMA_INIT_PARAM_FIELD_DEVICE_MEMORY,
                            .device_memory = 4096};
     uint8_t *base;
     int rank = -1;
 
-    init_small();
-    ema_win_h w = win_with_pattern(&base);
+    ema_win_h w = init_with_pattern(&base);
     ck_assert_int_eq(ema_init(NULL), EMA_ERR_STATE);
     ck_assert_int_eq(ema_init(&p), EMA_ERR_STATE);
     p.field_mask = 1ull << 40; /* even with bad params: STATE, and nothing happens */
@@ -167,7 +220,7 @@ START_TEST(test_second_init_returns_state_and_world_keeps_working)
 }
 END_TEST
 
-START_TEST(test_finalize_frees_live_windows_and_second_finalize_returns_state)
+EMA_TEST("lifecycle", test_finalize_frees_live_windows_and_second_finalize_returns_state)
 {
     uint8_t *base;
     init_small();
@@ -178,7 +231,7 @@ START_TEST(test_finalize_frees_live_windows_and_second_finalize_returns_state)
 }
 END_TEST
 
-START_TEST(test_init_unknown_field_mask_bits_rejected_and_init_still_possible)
+EMA_TEST("lifecycle", test_init_unknown_field_mask_bits_rejected_and_init_still_possible)
 {
     static const uint64_t bad[] = {1ull << 3, 1ull << 31, 1ull << 63,
                                    EMA_INIT_PARAM_FIELD_DEVICE_MEMORY | (1ull << 5)};
@@ -196,7 +249,7 @@ START_TEST(test_init_unknown_field_mask_bits_rejected_and_init_still_possible)
 }
 END_TEST
 
-START_TEST(test_init_bad_memory_kind_or_zero_capacity_rejected)
+EMA_TEST("lifecycle", test_init_bad_memory_kind_or_zero_capacity_rejected)
 {
     ema_init_params_t p = {.field_mask = EMA_INIT_PARAM_FIELD_MEMORY_KIND};
     env_small();
@@ -215,7 +268,7 @@ START_TEST(test_init_bad_memory_kind_or_zero_capacity_rejected)
 }
 END_TEST
 
-START_TEST(test_init_cuda_kind_without_gpu_fails_unsupported_and_changes_nothing)
+EMA_TEST("lifecycle", test_init_cuda_kind_without_gpu_fails_unsupported_and_changes_nothing)
 {
     ema_init_params_t p = {.field_mask = EMA_INIT_PARAM_FIELD_MEMORY_KIND,
                            .memory_kind = EMA_MEMORY_KIND_CUDA};
@@ -232,7 +285,7 @@ START_TEST(test_init_cuda_kind_without_gpu_fails_unsupported_and_changes_nothing
 }
 END_TEST
 
-START_TEST(test_init_bad_environment_value_rejected_then_init_works)
+EMA_TEST("lifecycle", test_init_bad_environment_value_rejected_then_init_works)
 {
     static const char *bad[] = {"lots", "-1", "64Q", "", "1.5G"};
     env_small();
@@ -251,7 +304,7 @@ START_TEST(test_init_bad_environment_value_rejected_then_init_works)
 }
 END_TEST
 
-START_TEST(test_init_params_override_environment_capacity)
+EMA_TEST("lifecycle", test_init_params_override_environment_capacity)
 {
     ema_init_params_t p = {.field_mask = EMA_INIT_PARAM_FIELD_DEVICE_MEMORY |
                                          EMA_INIT_PARAM_FIELD_SEGMENT_SIZE,
@@ -270,7 +323,7 @@ END_TEST
 
 /* --- world --------------------------------------------------------------- */
 
-START_TEST(test_world_rank_and_size_reject_null_and_report_world_of_one)
+EMA_TEST("lifecycle", test_world_rank_and_size_reject_null_and_report_world_of_one)
 {
     int rank = -7, size = -7;
     init_small();
@@ -297,7 +350,14 @@ static void assert_whole_capacity_free(void)
     ck_assert_int_eq(ema_win_free(w), EMA_SUCCESS);
 }
 
-START_TEST(test_win_allocate_null_outputs_rejected_and_nothing_taken)
+/* The whole capacity is free again; then ema_finalize. */
+static void finish_capacity_free(void)
+{
+    assert_whole_capacity_free();
+    ck_assert_int_eq(ema_finalize(), EMA_SUCCESS);
+}
+
+EMA_TEST("windows", test_win_allocate_null_outputs_rejected_and_nothing_taken)
 {
     void *b = (void *)BAD_WIN;
     ema_win_h w = BAD_WIN;
@@ -307,12 +367,11 @@ START_TEST(test_win_allocate_null_outputs_rejected_and_nothing_taken)
     ck_assert_int_eq(ema_win_allocate(4096, NULL, &b, NULL), EMA_ERR_INVALID_PARAM);
     ck_assert_ptr_eq(b, (void *)BAD_WIN);
     ck_assert_int_eq(ema_win_allocate(CAPACITY, NULL, NULL, NULL), EMA_ERR_INVALID_PARAM);
-    assert_whole_capacity_free();
-    ck_assert_int_eq(ema_finalize(), EMA_SUCCESS);
+    finish_capacity_free();
 }
 END_TEST
 
-START_TEST(test_win_allocate_unknown_field_mask_or_small_max_size_rejected)
+EMA_TEST("windows", test_win_allocate_unknown_field_mask_or_small_max_size_rejected)
 {
     void *b = (void *)BAD_WIN;
     ema_win_h w = BAD_WIN;
@@ -336,7 +395,7 @@ START_TEST(test_win_allocate_unknown_field_mask_or_small_max_size_rejected)
 }
 END_TEST
 
-START_TEST(test_win_allocate_over_capacity_returns_no_memory_and_takes_nothing)
+EMA_TEST("windows", test_win_allocate_over_capacity_returns_no_memory_and_takes_nothing)
 {
     static const size_t sizes[] = {CAPACITY + 1, 2 * CAPACITY, (size_t)1 << 40};
     void *b = (void *)BAD_WIN;
@@ -351,12 +410,11 @@ START_TEST(test_win_allocate_over_capacity_returns_no_memory_and_takes_nothing)
                   "SIZE_MAX gave %d (%s)", s, ema_strerror(s));
     ck_assert_ptr_eq(b, (void *)BAD_WIN);
     ck_assert_ptr_eq(w, BAD_WIN);
-    assert_whole_capacity_free();
-    ck_assert_int_eq(ema_finalize(), EMA_SUCCESS);
+    finish_capacity_free();
 }
 END_TEST
 
-START_TEST(test_win_allocate_zero_size_part_rejects_every_nonempty_access)
+EMA_TEST("windows", test_win_allocate_zero_size_part_rejects_every_nonempty_access)
 {
     void *b = (void *)BAD_WIN;
     ema_win_h w = BAD_WIN;
@@ -378,13 +436,11 @@ START_TEST(test_win_allocate_zero_size_part_rejects_every_nonempty_access)
 }
 END_TEST
 
-START_TEST(test_win_free_null_foreign_or_freed_handle_rejected_and_live_window_intact)
+EMA_TEST("windows", test_win_free_null_foreign_or_freed_handle_rejected_and_live_window_intact)
 {
-    uint8_t *base, *b2;
-    init_small();
-    ema_win_h live = win_with_pattern(&base);
-    ema_win_h dead = win_with_pattern(&b2);
-    ck_assert_int_eq(ema_win_free(dead), EMA_SUCCESS);
+    uint8_t *base;
+    ema_win_h live = init_with_pattern(&base);
+    ema_win_h dead = freed_window();
     ck_assert_int_eq(ema_win_free(NULL), EMA_ERR_INVALID_HANDLE);
     ck_assert_int_eq(ema_win_free(FOREIGN_WIN), EMA_ERR_INVALID_HANDLE);
     ck_assert_int_eq(ema_win_free(dead), EMA_ERR_INVALID_HANDLE); /* double free */
@@ -393,19 +449,16 @@ START_TEST(test_win_free_null_foreign_or_freed_handle_rejected_and_live_window_i
     ck_assert_int_eq(ema_win_size(live, 0, &sz), EMA_SUCCESS);
     ck_assert_uint_eq(sz, WSIZE);
     ck_assert_int_eq(ema_win_free(live), EMA_SUCCESS);
-    assert_whole_capacity_free();
-    ck_assert_int_eq(ema_finalize(), EMA_SUCCESS);
+    finish_capacity_free();
 }
 END_TEST
 
-START_TEST(test_win_size_bad_handle_rank_or_null_output_rejected)
+EMA_TEST("windows", test_win_size_bad_handle_rank_or_null_output_rejected)
 {
     uint8_t *base;
     size_t sz = SENTINEL;
-    init_small();
-    ema_win_h w = win_with_pattern(&base);
-    ema_win_h dead = win_with_pattern(&base);
-    ck_assert_int_eq(ema_win_free(dead), EMA_SUCCESS);
+    ema_win_h w = init_with_pattern(&base);
+    ema_win_h dead = freed_window();
     ck_assert_int_eq(ema_win_size(NULL, 0, &sz), EMA_ERR_INVALID_HANDLE);
     ck_assert_int_eq(ema_win_size(FOREIGN_WIN, 0, &sz), EMA_ERR_INVALID_HANDLE);
     ck_assert_int_eq(ema_win_size(dead, 0, &sz), EMA_ERR_INVALID_HANDLE);
@@ -431,144 +484,109 @@ static const struct { size_t off, len; } out_of_range[] = {
 };
 #define NOUT (sizeof(out_of_range) / sizeof(out_of_range[0]))
 
-START_TEST(test_put_beyond_part_returns_range_and_writes_nothing)
+/* For every (offset, len) of out_of_range, the blocking and the
+ * non-blocking put (@get 0) or get (@get 1) return EMA_ERR_RANGE and leave
+ * the request alone; a get writes nothing to its buffer; the window keeps
+ * its pattern. */
+static void assert_out_of_range_rejected(int get)
 {
     uint8_t *base;
-    static uint8_t src[2 * WSIZE];
-    init_small();
-    ema_win_h w = win_with_pattern(&base);
-    memset(src, 0xcc, sizeof(src));
+    static uint8_t buf[2 * WSIZE];
+    ema_win_h w = init_with_pattern(&base);
+    memset(buf, 0xcc, sizeof(buf));
     for (size_t i = 0; i < NOUT; i++) {
         size_t off = out_of_range[i].off, len = out_of_range[i].len;
         ema_request_h req = BAD_REQ;
-        /* only the checks read src; a transfer that wrongly starts would
-         * read past it, so the status is checked before any damage matters */
-        ck_assert_msg(ema_put(w, 0, off, src, len) == EMA_ERR_RANGE,
-                      "ema_put(offset %zu, len %zu) not RANGE", off, len);
-        ck_assert_msg(ema_put_nb(w, 0, off, src, len, &req) == EMA_ERR_RANGE,
-                      "ema_put_nb(offset %zu, len %zu) not RANGE", off, len);
+        if (get) {
+            ck_assert_msg(ema_get(w, 0, off, buf, len) == EMA_ERR_RANGE,
+                          "ema_get(offset %zu, len %zu) not RANGE", off, len);
+            ck_assert_msg(ema_get_nb(w, 0, off, buf, len, &req) == EMA_ERR_RANGE,
+                          "ema_get_nb(offset %zu, len %zu) not RANGE", off, len);
+        } else {
+            /* only the checks read the buffer; a transfer that wrongly starts
+             * would read past it, so the status is checked before any damage
+             * matters */
+            ck_assert_msg(ema_put(w, 0, off, buf, len) == EMA_ERR_RANGE,
+                          "ema_put(offset %zu, len %zu) not RANGE", off, len);
+            ck_assert_msg(ema_put_nb(w, 0, off, buf, len, &req) == EMA_ERR_RANGE,
+                          "ema_put_nb(offset %zu, len %zu) not RANGE", off, len);
+        }
         ck_assert_ptr_eq(req, BAD_REQ);
+        if (get) {
+            assert_all_bytes(buf, sizeof(buf), 0xcc);
+        }
     }
-    assert_pattern(w, base);
-    ck_assert_int_eq(ema_finalize(), EMA_SUCCESS);
+    finish_with_pattern(w, base);
 }
-END_TEST
 
-START_TEST(test_get_beyond_part_returns_range_and_writes_nothing_to_buffer)
+EMA_TEST("rma", test_put_beyond_part_returns_range_and_writes_nothing)
 {
-    uint8_t *base;
-    static uint8_t dst[2 * WSIZE];
-    init_small();
-    ema_win_h w = win_with_pattern(&base);
-    memset(dst, 0xcc, sizeof(dst));
-    for (size_t i = 0; i < NOUT; i++) {
-        size_t off = out_of_range[i].off, len = out_of_range[i].len;
-        ema_request_h req = BAD_REQ;
-        ck_assert_msg(ema_get(w, 0, off, dst, len) == EMA_ERR_RANGE,
-                      "ema_get(offset %zu, len %zu) not RANGE", off, len);
-        ck_assert_msg(ema_get_nb(w, 0, off, dst, len, &req) == EMA_ERR_RANGE,
-                      "ema_get_nb(offset %zu, len %zu) not RANGE", off, len);
-        ck_assert_ptr_eq(req, BAD_REQ);
-        assert_all_bytes(dst, sizeof(dst), 0xcc);
-    }
-    assert_pattern(w, base);
-    ck_assert_int_eq(ema_finalize(), EMA_SUCCESS);
+    assert_out_of_range_rejected(0);
 }
 END_TEST
 
-START_TEST(test_put_get_inside_part_edges_succeed)
+EMA_TEST("rma", test_get_beyond_part_returns_range_and_writes_nothing_to_buffer)
+{
+    assert_out_of_range_rejected(1);
+}
+END_TEST
+
+EMA_TEST("rma", test_put_get_inside_part_edges_succeed)
 {
     uint8_t *base, b = 0;
-    init_small();
-    ema_win_h w = win_with_pattern(&base);
+    ema_win_h w = init_with_pattern(&base);
     ck_assert_int_eq(ema_get(w, 0, WSIZE - 1, &b, 1), EMA_SUCCESS);
     ck_assert_uint_eq(b, pat(WSIZE - 1));
     ck_assert_int_eq(ema_put(w, 0, WSIZE, &b, 0), EMA_SUCCESS); /* empty, at the end */
     ck_assert_int_eq(ema_get(w, 0, WSIZE, &b, 0), EMA_SUCCESS);
     ck_assert_int_eq(ema_put(w, 0, WSIZE - 1, &b, 1), EMA_SUCCESS); /* same value back */
-    assert_pattern(w, base);
-    ck_assert_int_eq(ema_finalize(), EMA_SUCCESS);
+    finish_with_pattern(w, base);
 }
 END_TEST
 
-START_TEST(test_rma_bad_rank_returns_invalid_rank_and_changes_nothing)
+EMA_TEST("rma", test_rma_bad_rank_returns_invalid_rank_and_changes_nothing)
 {
     static const int ranks[] = {-1, 1, 2, INT_MAX, INT_MIN};
-    uint8_t *base, buf[64];
-    uint64_t old = SENTINEL;
-    init_small();
-    ema_win_h w = win_with_pattern(&base);
-    memset(buf, 0xcc, sizeof(buf));
+    uint8_t *base;
+    ema_win_h w = init_with_pattern(&base);
     for (size_t i = 0; i < sizeof(ranks) / sizeof(ranks[0]); i++) {
-        int r = ranks[i];
-        ema_request_h req = BAD_REQ;
-        ck_assert_int_eq(ema_put(w, r, 0, buf, 8), EMA_ERR_INVALID_RANK);
-        ck_assert_int_eq(ema_get(w, r, 0, buf, 8), EMA_ERR_INVALID_RANK);
-        ck_assert_int_eq(ema_put_nb(w, r, 0, buf, 8, &req), EMA_ERR_INVALID_RANK);
-        ck_assert_int_eq(ema_get_nb(w, r, 0, buf, 8, &req), EMA_ERR_INVALID_RANK);
-        ck_assert_ptr_eq(req, BAD_REQ);
-        ck_assert_int_eq(ema_win_flush(w, r), EMA_ERR_INVALID_RANK);
-        ck_assert_int_eq(ema_fetch_add(w, r, 0, 1, &old), EMA_ERR_INVALID_RANK);
-        ck_assert_int_eq(ema_compare_swap(w, r, 0, 0, 1, &old), EMA_ERR_INVALID_RANK);
-        ck_assert_uint_eq(old, SENTINEL);
-        assert_all_bytes(buf, sizeof(buf), 0xcc);
+        assert_rma_calls_return(w, ranks[i], 0, EMA_ERR_INVALID_RANK);
     }
-    assert_pattern(w, base);
-    ck_assert_int_eq(ema_finalize(), EMA_SUCCESS);
+    finish_with_pattern(w, base);
 }
 END_TEST
 
-START_TEST(test_rma_null_foreign_or_freed_window_returns_invalid_handle)
+EMA_TEST("rma", test_rma_null_foreign_or_freed_window_returns_invalid_handle)
 {
-    uint8_t *base, *b2, buf[64];
-    uint64_t old = SENTINEL;
-    init_small();
-    ema_win_h live = win_with_pattern(&base);
-    ema_win_h dead = win_with_pattern(&b2);
-    ck_assert_int_eq(ema_win_free(dead), EMA_SUCCESS);
+    uint8_t *base;
+    ema_win_h live = init_with_pattern(&base);
+    ema_win_h dead = freed_window();
     ema_win_h bad[] = {NULL, FOREIGN_WIN, dead};
-    memset(buf, 0xcc, sizeof(buf));
     for (size_t i = 0; i < 3; i++) {
-        ema_win_h w = bad[i];
-        ema_request_h req = BAD_REQ;
-        ck_assert_int_eq(ema_put(w, 0, 0, buf, 8), EMA_ERR_INVALID_HANDLE);
-        ck_assert_int_eq(ema_get(w, 0, 0, buf, 8), EMA_ERR_INVALID_HANDLE);
-        ck_assert_int_eq(ema_put_nb(w, 0, 0, buf, 8, &req), EMA_ERR_INVALID_HANDLE);
-        ck_assert_int_eq(ema_get_nb(w, 0, 0, buf, 8, &req), EMA_ERR_INVALID_HANDLE);
-        ck_assert_ptr_eq(req, BAD_REQ);
-        ck_assert_int_eq(ema_win_flush(w, 0), EMA_ERR_INVALID_HANDLE);
-        ck_assert_int_eq(ema_win_flush_all(w), EMA_ERR_INVALID_HANDLE);
-        ck_assert_int_eq(ema_fetch_add(w, 0, 0, 1, &old), EMA_ERR_INVALID_HANDLE);
-        ck_assert_int_eq(ema_compare_swap(w, 0, 0, 0, 1, &old), EMA_ERR_INVALID_HANDLE);
-        ck_assert_uint_eq(old, SENTINEL);
-        assert_all_bytes(buf, sizeof(buf), 0xcc);
+        assert_rma_calls_return(bad[i], 0, 1, EMA_ERR_INVALID_HANDLE);
     }
-    assert_pattern(live, base);
-    ck_assert_int_eq(ema_finalize(), EMA_SUCCESS);
+    finish_with_pattern(live, base);
 }
 END_TEST
 
-START_TEST(test_rma_null_buffer_with_length_rejected_and_writes_nothing)
+EMA_TEST("rma", test_rma_null_buffer_with_length_rejected_and_writes_nothing)
 {
     uint8_t *base;
     ema_request_h req = BAD_REQ;
-    init_small();
-    ema_win_h w = win_with_pattern(&base);
+    ema_win_h w = init_with_pattern(&base);
     ck_assert_int_eq(ema_put(w, 0, 0, NULL, 8), EMA_ERR_INVALID_PARAM);
     ck_assert_int_eq(ema_get(w, 0, 0, NULL, 8), EMA_ERR_INVALID_PARAM);
     ck_assert_int_eq(ema_put_nb(w, 0, 0, NULL, 8, &req), EMA_ERR_INVALID_PARAM);
     ck_assert_int_eq(ema_get_nb(w, 0, 0, NULL, 8, &req), EMA_ERR_INVALID_PARAM);
     ck_assert_ptr_eq(req, BAD_REQ);
-    assert_pattern(w, base);
-    ck_assert_int_eq(ema_finalize(), EMA_SUCCESS);
+    finish_with_pattern(w, base);
 }
 END_TEST
 
-START_TEST(test_nonblocking_null_req_p_rejected_and_nothing_transferred)
+EMA_TEST("rma", test_nonblocking_null_req_p_rejected_and_nothing_transferred)
 {
     uint8_t *base, buf[2 * SEG];
-    init_small();
-    ema_win_h w = win_with_pattern(&base);
+    ema_win_h w = init_with_pattern(&base);
     memset(buf, 0xcc, sizeof(buf));
     ck_assert_int_eq(ema_put_nb(w, 0, SEG - 8, buf, sizeof(buf), NULL), EMA_ERR_INVALID_PARAM);
     ck_assert_int_eq(ema_get_nb(w, 0, SEG - 8, buf, sizeof(buf), NULL), EMA_ERR_INVALID_PARAM);
@@ -579,7 +597,7 @@ START_TEST(test_nonblocking_null_req_p_rejected_and_nothing_transferred)
 }
 END_TEST
 
-START_TEST(test_wait_and_test_reject_null_or_foreign_request)
+EMA_TEST("rma", test_wait_and_test_reject_null_or_foreign_request)
 {
     static uint64_t junk[64];
     init_small();
@@ -594,13 +612,12 @@ START_TEST(test_wait_and_test_reject_null_or_foreign_request)
 }
 END_TEST
 
-START_TEST(test_nonblocking_request_completes_with_success)
+EMA_TEST("rma", test_nonblocking_request_completes_with_success)
 {
     uint8_t *base, buf[2 * SEG], in[2 * SEG];
     ema_request_h req = NULL;
     ema_status_t s;
-    init_small();
-    ema_win_h w = win_with_pattern(&base);
+    ema_win_h w = init_with_pattern(&base);
     memset(buf, 0x3c, sizeof(buf));
     ck_assert_int_eq(ema_put_nb(w, 0, SEG - 8, buf, sizeof(buf), &req), EMA_SUCCESS);
     ck_assert_ptr_nonnull(req);
@@ -618,26 +635,40 @@ END_TEST
 
 /* --- atomics ------------------------------------------------------------- */
 
-START_TEST(test_atomic_misaligned_offset_returns_alignment_and_changes_nothing)
+/* init_with_pattern, with the word at @off set to @v. */
+static ema_win_h init_with_word(uint8_t **base_p, size_t off, uint64_t v)
+{
+    ema_win_h w = init_with_pattern(base_p);
+    memcpy(*base_p + off, &v, 8);
+    return w;
+}
+
+/* Both atomics on the word at each of @offs[0..n) return @want (@name in
+ * the message) and write no old value. */
+static void assert_atomics_return(ema_win_h w, const size_t *offs, size_t n, ema_status_t want,
+                                  const char *name)
+{
+    for (size_t i = 0; i < n; i++) {
+        uint64_t old = SENTINEL;
+        ck_assert_msg(ema_fetch_add(w, 0, offs[i], 1, &old) == want,
+                      "fetch_add at offset %zu not %s", offs[i], name);
+        ck_assert_msg(ema_compare_swap(w, 0, offs[i], 0, 1, &old) == want,
+                      "compare_swap at offset %zu not %s", offs[i], name);
+        ck_assert_uint_eq(old, SENTINEL);
+    }
+}
+
+EMA_TEST("atomics", test_atomic_misaligned_offset_returns_alignment_and_changes_nothing)
 {
     static const size_t offs[] = {1, 2, 3, 4, 5, 6, 7, 9, 12, SEG - 4, SEG + 1, WSIZE - 9};
     uint8_t *base;
-    init_small();
-    ema_win_h w = win_with_pattern(&base);
-    for (size_t i = 0; i < sizeof(offs) / sizeof(offs[0]); i++) {
-        uint64_t old = SENTINEL;
-        ck_assert_msg(ema_fetch_add(w, 0, offs[i], 1, &old) == EMA_ERR_ALIGNMENT,
-                      "fetch_add at offset %zu not ALIGNMENT", offs[i]);
-        ck_assert_msg(ema_compare_swap(w, 0, offs[i], 0, 1, &old) == EMA_ERR_ALIGNMENT,
-                      "compare_swap at offset %zu not ALIGNMENT", offs[i]);
-        ck_assert_uint_eq(old, SENTINEL);
-    }
-    assert_pattern(w, base);
-    ck_assert_int_eq(ema_finalize(), EMA_SUCCESS);
+    ema_win_h w = init_with_pattern(&base);
+    assert_atomics_return(w, offs, sizeof(offs) / sizeof(offs[0]), EMA_ERR_ALIGNMENT, "ALIGNMENT");
+    finish_with_pattern(w, base);
 }
 END_TEST
 
-START_TEST(test_atomic_word_outside_part_returns_range_and_changes_nothing)
+EMA_TEST("atomics", test_atomic_word_outside_part_returns_range_and_changes_nothing)
 {
     /* WSIZE = 3*64K+100 is not a multiple of 8: the aligned word after the
      * last whole one starts inside the part and crosses its end */
@@ -645,17 +676,11 @@ START_TEST(test_atomic_word_outside_part_returns_range_and_changes_nothing)
     size_t offs[] = {last + 8 /* crosses the end */, (WSIZE + 7) & ~(size_t)7 /* after it */,
                      (SIZE_MAX - 7), (size_t)1 << 60};
     uint8_t *base;
-    init_small();
-    ema_win_h w = win_with_pattern(&base);
+    ema_win_h w = init_with_pattern(&base);
     for (size_t i = 0; i < sizeof(offs) / sizeof(offs[0]); i++) {
-        uint64_t old = SENTINEL;
         ck_assert_msg(offs[i] % 8 == 0, "test bug: offset %zu misaligned", offs[i]);
-        ck_assert_msg(ema_fetch_add(w, 0, offs[i], 1, &old) == EMA_ERR_RANGE,
-                      "fetch_add at offset %zu not RANGE", offs[i]);
-        ck_assert_msg(ema_compare_swap(w, 0, offs[i], 0, 1, &old) == EMA_ERR_RANGE,
-                      "compare_swap at offset %zu not RANGE", offs[i]);
-        ck_assert_uint_eq(old, SENTINEL);
     }
+    assert_atomics_return(w, offs, sizeof(offs) / sizeof(offs[0]), EMA_ERR_RANGE, "RANGE");
     assert_pattern(w, base);
     /* the last whole word is inside */
     uint64_t old = SENTINEL, want;
@@ -666,13 +691,11 @@ START_TEST(test_atomic_word_outside_part_returns_range_and_changes_nothing)
 }
 END_TEST
 
-START_TEST(test_fetch_add_returns_old_value_and_accepts_null_old_p)
+EMA_TEST("atomics", test_fetch_add_returns_old_value_and_accepts_null_old_p)
 {
     uint8_t *base;
-    uint64_t v = 40, old = SENTINEL, now;
-    init_small();
-    ema_win_h w = win_with_pattern(&base);
-    memcpy(base + SEG, &v, 8);
+    uint64_t old = SENTINEL, now;
+    ema_win_h w = init_with_word(&base, SEG, 40);
     ck_assert_int_eq(ema_fetch_add(w, 0, SEG, 2, &old), EMA_SUCCESS);
     ck_assert_uint_eq(old, 40);
     ck_assert_int_eq(ema_fetch_add(w, 0, SEG, 100, NULL), EMA_SUCCESS);
@@ -682,13 +705,11 @@ START_TEST(test_fetch_add_returns_old_value_and_accepts_null_old_p)
 }
 END_TEST
 
-START_TEST(test_compare_swap_replaces_only_when_compare_matches)
+EMA_TEST("atomics", test_compare_swap_replaces_only_when_compare_matches)
 {
     uint8_t *base;
-    uint64_t v = 5, old = SENTINEL, now;
-    init_small();
-    ema_win_h w = win_with_pattern(&base);
-    memcpy(base + 64, &v, 8);
+    uint64_t old = SENTINEL, now;
+    ema_win_h w = init_with_word(&base, 64, 5);
     /* mismatch: old is the current value, nothing replaced */
     ck_assert_int_eq(ema_compare_swap(w, 0, 64, 9, 77, &old), EMA_SUCCESS);
     ck_assert_uint_eq(old, 5);
@@ -711,19 +732,17 @@ START_TEST(test_compare_swap_replaces_only_when_compare_matches)
 }
 END_TEST
 
-START_TEST(test_flush_bad_rank_or_handle_rejected_valid_flush_succeeds)
+EMA_TEST("rma", test_flush_bad_rank_or_handle_rejected_valid_flush_succeeds)
 {
     uint8_t *base;
-    init_small();
-    ema_win_h w = win_with_pattern(&base);
+    ema_win_h w = init_with_pattern(&base);
     ck_assert_int_eq(ema_win_flush(w, -1), EMA_ERR_INVALID_RANK);
     ck_assert_int_eq(ema_win_flush(w, 1), EMA_ERR_INVALID_RANK);
     ck_assert_int_eq(ema_win_flush(NULL, 0), EMA_ERR_INVALID_HANDLE);
     ck_assert_int_eq(ema_win_flush_all(NULL), EMA_ERR_INVALID_HANDLE);
     ck_assert_int_eq(ema_win_flush(w, 0), EMA_SUCCESS);
     ck_assert_int_eq(ema_win_flush_all(w), EMA_SUCCESS);
-    assert_pattern(w, base);
-    ck_assert_int_eq(ema_finalize(), EMA_SUCCESS);
+    finish_with_pattern(w, base);
 }
 END_TEST
 
@@ -746,7 +765,7 @@ static ema_status_t config_print_adapter(FILE *f, unsigned flags)
     return ema_config_print(f);
 }
 
-START_TEST(test_config_print_null_rejected_and_lists_variables_before_init)
+EMA_TEST("always_safe", test_config_print_null_rejected_and_lists_variables_before_init)
 {
     ema_status_t s;
     env_small();
@@ -759,7 +778,7 @@ START_TEST(test_config_print_null_rejected_and_lists_variables_before_init)
 }
 END_TEST
 
-START_TEST(test_info_print_bad_stream_or_flags_rejected_and_prints_nothing)
+EMA_TEST("always_safe", test_info_print_bad_stream_or_flags_rejected_and_prints_nothing)
 {
     static const unsigned bad[] = {0, 1u << 8, EMA_INFO_VERSION | (1u << 9), ~0u};
     ema_status_t s;
@@ -777,7 +796,7 @@ START_TEST(test_info_print_bad_stream_or_flags_rejected_and_prints_nothing)
 }
 END_TEST
 
-START_TEST(test_info_print_before_init_notes_the_missing_world)
+EMA_TEST("always_safe", test_info_print_before_init_notes_the_missing_world)
 {
     ema_status_t s;
     env_small();
@@ -788,7 +807,7 @@ START_TEST(test_info_print_before_init_notes_the_missing_world)
 }
 END_TEST
 
-START_TEST(test_version_string_and_strerror_safe_before_and_after_init)
+EMA_TEST("always_safe", test_version_string_and_strerror_safe_before_and_after_init)
 {
     char want[32];
     snprintf(want, sizeof(want), "%d.%d.%d", EMA_VERSION_MAJOR, EMA_VERSION_MINOR,
@@ -803,75 +822,8 @@ START_TEST(test_version_string_and_strerror_safe_before_and_after_init)
 }
 END_TEST
 
-static Suite *api_args_suite(void)
-{
-    Suite *s = suite_create("api_args");
-    TCase *tc;
-
-    tc = tcase_create("lifecycle");
-    tcase_add_test(tc, test_every_call_before_init_returns_state_and_writes_nothing);
-    tcase_add_test(tc, test_every_call_after_finalize_returns_state_and_writes_nothing);
-    tcase_add_test(tc, test_second_init_returns_state_and_world_keeps_working);
-    tcase_add_test(tc, test_finalize_frees_live_windows_and_second_finalize_returns_state);
-    tcase_add_test(tc, test_init_unknown_field_mask_bits_rejected_and_init_still_possible);
-    tcase_add_test(tc, test_init_bad_memory_kind_or_zero_capacity_rejected);
-    tcase_add_test(tc, test_init_cuda_kind_without_gpu_fails_unsupported_and_changes_nothing);
-    tcase_add_test(tc, test_init_bad_environment_value_rejected_then_init_works);
-    tcase_add_test(tc, test_init_params_override_environment_capacity);
-    tcase_add_test(tc, test_world_rank_and_size_reject_null_and_report_world_of_one);
-    suite_add_tcase(s, tc);
-
-    tc = tcase_create("windows");
-    tcase_add_test(tc, test_win_allocate_null_outputs_rejected_and_nothing_taken);
-    tcase_add_test(tc, test_win_allocate_unknown_field_mask_or_small_max_size_rejected);
-    tcase_add_test(tc, test_win_allocate_over_capacity_returns_no_memory_and_takes_nothing);
-    tcase_add_test(tc, test_win_allocate_zero_size_part_rejects_every_nonempty_access);
-    tcase_add_test(tc, test_win_free_null_foreign_or_freed_handle_rejected_and_live_window_intact);
-    tcase_add_test(tc, test_win_size_bad_handle_rank_or_null_output_rejected);
-    suite_add_tcase(s, tc);
-
-    tc = tcase_create("rma");
-    tcase_add_test(tc, test_put_beyond_part_returns_range_and_writes_nothing);
-    tcase_add_test(tc, test_get_beyond_part_returns_range_and_writes_nothing_to_buffer);
-    tcase_add_test(tc, test_put_get_inside_part_edges_succeed);
-    tcase_add_test(tc, test_rma_bad_rank_returns_invalid_rank_and_changes_nothing);
-    tcase_add_test(tc, test_rma_null_foreign_or_freed_window_returns_invalid_handle);
-    tcase_add_test(tc, test_rma_null_buffer_with_length_rejected_and_writes_nothing);
-    tcase_add_test(tc, test_nonblocking_null_req_p_rejected_and_nothing_transferred);
-    tcase_add_test(tc, test_wait_and_test_reject_null_or_foreign_request);
-    tcase_add_test(tc, test_nonblocking_request_completes_with_success);
-    tcase_add_test(tc, test_flush_bad_rank_or_handle_rejected_valid_flush_succeeds);
-    suite_add_tcase(s, tc);
-
-    tc = tcase_create("atomics");
-    tcase_add_test(tc, test_atomic_misaligned_offset_returns_alignment_and_changes_nothing);
-    tcase_add_test(tc, test_atomic_word_outside_part_returns_range_and_changes_nothing);
-    tcase_add_test(tc, test_fetch_add_returns_old_value_and_accepts_null_old_p);
-    tcase_add_test(tc, test_compare_swap_replaces_only_when_compare_matches);
-    suite_add_tcase(s, tc);
-
-    tc = tcase_create("always_safe");
-    tcase_add_test(tc, test_config_print_null_rejected_and_lists_variables_before_init);
-    tcase_add_test(tc, test_info_print_bad_stream_or_flags_rejected_and_prints_nothing);
-    tcase_add_test(tc, test_info_print_before_init_notes_the_missing_world);
-    tcase_add_test(tc, test_version_string_and_strerror_safe_before_and_after_init);
-    suite_add_tcase(s, tc);
-    return s;
-}
-
 int main(void)
 {
-    /* a world of one: nothing from a launcher */
-    unsetenv("PMIX_NAMESPACE");
-    unsetenv("PMIX_RANK");
-    unsetenv("PMIX_SERVER_URI4");
-    unsetenv("PMIX_SERVER_URI41");
-    unsetenv("PMIX_SERVER_URI3");
-    unsetenv("PMIX_SERVER_URI2");
-    unsetenv("PMIX_SERVER_URI21");
-    SRunner *sr = srunner_create(api_args_suite());
-    srunner_run_all(sr, CK_ENV);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    ema_check_world_of_one();
+    return ema_check_main("api_args", CK_ENV);
 }

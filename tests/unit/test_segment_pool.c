@@ -3,6 +3,8 @@
  * that change nothing, and the lent count. */
 #include "mem/segment_pool.h"
 
+#include "check_main.h"
+
 #include <check.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,7 +47,7 @@ static void assert_same(const snap_t *a)
     ck_assert_msg(memcmp(a->state, b.state, NSEGS) == 0, "segment states changed");
 }
 
-START_TEST(test_alloc_takes_contiguous_runs_first_fit)
+EMA_TEST("pool", test_alloc_takes_contiguous_runs_first_fit)
 {
     take(3, EMA_SEG_USED, (uint32_t[]){0, 1, 2});
     take(2, EMA_SEG_USED, (uint32_t[]){3, 4});
@@ -56,7 +58,7 @@ START_TEST(test_alloc_takes_contiguous_runs_first_fit)
 }
 END_TEST
 
-START_TEST(test_alloc_falls_back_to_fragmented_lowest_first)
+EMA_TEST("pool", test_alloc_falls_back_to_fragmented_lowest_first)
 {
     uint32_t all[NSEGS];
     for (uint32_t i = 0; i < NSEGS; i++) {
@@ -70,7 +72,7 @@ START_TEST(test_alloc_falls_back_to_fragmented_lowest_first)
 }
 END_TEST
 
-START_TEST(test_alloc_beyond_free_returns_no_memory_and_takes_nothing)
+EMA_TEST("pool", test_alloc_beyond_free_returns_no_memory_and_takes_nothing)
 {
     uint32_t segs[NSEGS + 1];
     take(10, EMA_SEG_USED, (uint32_t[]){0, 1, 2, 3, 4, 5, 6, 7, 8, 9});
@@ -90,7 +92,7 @@ START_TEST(test_alloc_beyond_free_returns_no_memory_and_takes_nothing)
 }
 END_TEST
 
-START_TEST(test_alloc_bad_state_or_null_output_rejected)
+EMA_TEST("pool", test_alloc_bad_state_or_null_output_rejected)
 {
     uint32_t segs[4];
     snap_t before = snap();
@@ -102,7 +104,7 @@ START_TEST(test_alloc_bad_state_or_null_output_rejected)
 }
 END_TEST
 
-START_TEST(test_double_free_rejected_and_changes_nothing)
+EMA_TEST("pool", test_double_free_rejected_and_changes_nothing)
 {
     take(4, EMA_SEG_USED, (uint32_t[]){0, 1, 2, 3});
     give(1, (uint32_t[]){2});
@@ -124,7 +126,7 @@ START_TEST(test_double_free_rejected_and_changes_nothing)
 }
 END_TEST
 
-START_TEST(test_lent_segments_are_counted_apart_from_used)
+EMA_TEST("pool", test_lent_segments_are_counted_apart_from_used)
 {
     take(2, EMA_SEG_USED, (uint32_t[]){0, 1});
     take(3, EMA_SEG_LENT, (uint32_t[]){2, 3, 4});
@@ -146,7 +148,7 @@ START_TEST(test_lent_segments_are_counted_apart_from_used)
 }
 END_TEST
 
-START_TEST(test_empty_pool_allocates_nothing)
+EMA_TEST("pool", test_empty_pool_allocates_nothing)
 {
     ema__seg_pool_t p0;
     uint32_t seg = 0xdead;
@@ -160,20 +162,5 @@ END_TEST
 
 int main(void)
 {
-    Suite *s = suite_create("segment_pool");
-    TCase *tc = tcase_create("pool");
-    tcase_add_checked_fixture(tc, setup, teardown);
-    tcase_add_test(tc, test_alloc_takes_contiguous_runs_first_fit);
-    tcase_add_test(tc, test_alloc_falls_back_to_fragmented_lowest_first);
-    tcase_add_test(tc, test_alloc_beyond_free_returns_no_memory_and_takes_nothing);
-    tcase_add_test(tc, test_alloc_bad_state_or_null_output_rejected);
-    tcase_add_test(tc, test_double_free_rejected_and_changes_nothing);
-    tcase_add_test(tc, test_lent_segments_are_counted_apart_from_used);
-    tcase_add_test(tc, test_empty_pool_allocates_nothing);
-    suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_ENV);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return ema_check_main_fixture("segment_pool", CK_ENV, setup, teardown);
 }

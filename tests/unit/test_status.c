@@ -2,6 +2,8 @@
  * "unknown status".  Safe without ema_init. */
 #include <ema.h>
 
+#include "check_main.h"
+
 #include <check.h>
 #include <limits.h>
 #include <stdlib.h>
@@ -15,7 +17,7 @@ static const ema_status_t all_codes[] = {
     EMA_ERR_DEVICE};
 #define NCODES (sizeof(all_codes) / sizeof(all_codes[0]))
 
-START_TEST(test_every_status_code_has_a_distinct_known_string)
+EMA_TEST("strerror", test_every_status_code_has_a_distinct_known_string)
 {
     for (size_t i = 0; i < NCODES; i++) {
         const char *s = ema_strerror(all_codes[i]);
@@ -30,7 +32,7 @@ START_TEST(test_every_status_code_has_a_distinct_known_string)
 }
 END_TEST
 
-START_TEST(test_status_values_are_never_renumbered)
+EMA_TEST("strerror", test_status_values_are_never_renumbered)
 {
     ck_assert_int_eq(EMA_SUCCESS, 0);
     ck_assert_int_eq(EMA_INPROGRESS, 1);
@@ -46,7 +48,7 @@ START_TEST(test_status_values_are_never_renumbered)
 }
 END_TEST
 
-START_TEST(test_unknown_values_give_unknown_status)
+EMA_TEST("strerror", test_unknown_values_give_unknown_status)
 {
     static const int unknown[] = {2, 3, 100, -7, -9, -13, -19, -26, -100, INT_MAX, INT_MIN};
     for (size_t i = 0; i < sizeof(unknown) / sizeof(unknown[0]); i++) {
@@ -59,15 +61,5 @@ END_TEST
 
 int main(void)
 {
-    Suite *s = suite_create("status");
-    TCase *tc = tcase_create("strerror");
-    tcase_add_test(tc, test_every_status_code_has_a_distinct_known_string);
-    tcase_add_test(tc, test_status_values_are_never_renumbered);
-    tcase_add_test(tc, test_unknown_values_give_unknown_status);
-    suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_ENV);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return ema_check_main("status", CK_ENV);
 }

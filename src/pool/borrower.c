@@ -58,14 +58,6 @@ static int ema_pool_acq_has(ema__pool_t *pool, ema__loc_t loc)
 }
 
 typedef struct {
-    int                   src;
-    const ema_pool_msg_t *m;
-    const char           *payload;
-    size_t                plen;
-    int                   ok;
-} ema_pool_grant_arg_t;
-
-typedef struct {
     ema__pool_t *pool;
     int          lender;
     uint32_t     n;
@@ -82,16 +74,12 @@ static void ema_pool_giveback_job(void *arg)
     free(job);
 }
 
-/* Segments granted to nobody: out of the granted set, and back to the
- * lender from a quick job (an AM handler must not send). */
+/* Segments granted to nobody go back to the lender from a quick job (an AM
+ * handler must not send). */
 static void ema_pool_giveback_later(ema__pool_t *pool, int lender, const uint32_t *segs,
                                     uint32_t n)
 {
     ema_pool_giveback_job_t *job = malloc(sizeof(*job) + n * sizeof(uint32_t));
-    for (uint32_t i = 0; i < n; i++) {
-        ema__loc_t loc = EMA_LOC(lender, EMA_TIER_DEVICE, segs[i]);
-        ema_pool_mapped(pool, &loc, 1);
-    }
     if (job == NULL) {
         ema_error("out of memory giving %u segments back to rank %d", n, lender);
         return;
@@ -103,20 +91,46 @@ static void ema_pool_giveback_later(ema__pool_t *pool, int lender, const uint32_
     ema__xport_defer(pool->xp, EMA_JOB_QUICK, ema_pool_giveback_job, job);
 }
 
-/* Under the waiter table's lock: copy the grant into the waiting borrower. */
+typedef struct {
+    ema__pool_t          *pool;
+    int                   src;
+    const ema_pool_msg_t *m;
+    const char           *payload;
+    int                   wellformed;
+    int                   taken;    /* the waiter took the segments */
+    int                   answered; /* the waiter had its answer already */
+} ema_pool_grant_arg_t;
+
+/* Under the waiter table's lock: hand the grant to the borrower waiting for
+ * it.  The segments join the granted set before the borrower wakes (it maps
+ * them, then drops them from the set: the other order would leave a stale
+ * entry that a recall waits on for ever).  Lock order: waiters.lock, then
+ * acq_lock. */
 static void ema_pool_grant_cb(void *waiter, const void *arg)
 {
-    ema_pool_waiter_t *w = waiter;
+    ema_pool_waiter_t *w    = waiter;
     ema_pool_grant_arg_t *g = (ema_pool_grant_arg_t *)arg;
     uint32_t k = g->m->count;
 
-    if (g->plen < (size_t)k * (sizeof(uint32_t) + sizeof(int64_t)) || k > w->want) {
+    if (w->lender != g->src || atomic_load(&w->done)) {
+        g->answered = atomic_load(&w->done);
+        return; /* another rank's grant, or a second one: not for this borrow */
+    }
+    if (!g->wellformed || k > w->want) {
         k = 0; /* malformed: the borrower sees nothing granted */
     } else {
-        g->ok = 1;
+        const uint32_t *segs = (const uint32_t *)g->payload;
+        for (uint32_t i = 0; i < k; i++) {
+            ema__loc_t loc = EMA_LOC(g->src, EMA_TIER_DEVICE, segs[i]);
+            ema_pool_acq_add(g->pool, &loc, 1);
+            ema_trace("granted segment %u by rank %d", segs[i], g->src);
+        }
+        memcpy(w->segs, g->payload, (size_t)k * sizeof(uint32_t));
+        memcpy(w->handles, g->payload + (size_t)k * sizeof(uint32_t),
+               (size_t)k * sizeof(int64_t));
+        g->taken = 1;
+        atomic_store(&g->pool->peer_lendable[g->src], g->m->left);
     }
-    memcpy(w->segs, g->payload, (size_t)k * sizeof(uint32_t));
-    memcpy(w->handles, g->payload + (size_t)k * sizeof(uint32_t), (size_t)k * sizeof(int64_t));
     w->count = k;
     atomic_store(&w->done, 1);
 }
@@ -125,41 +139,32 @@ static void ema_pool_grant_cb(void *waiter, const void *arg)
 void ema__pool_granted(ema__pool_t *pool, int src, const ema_pool_msg_t *m,
                        const char *payload, size_t plen)
 {
-    ema_pool_grant_arg_t g = {src, m, payload, plen, 0};
-    const uint32_t *segs   = (const uint32_t *)payload;
-    ema_pool_msg_t none;
+    const uint32_t *segs = (const uint32_t *)payload;
+    uint64_t nsegs = pool->win->exports[EMA_TIER_DEVICE][src].capacity / pool->win->seg_size;
+    ema_pool_grant_arg_t g = {pool, src, m, payload, 1, 0, 0};
 
-    /* Tracked from the moment they are ours: a recall of one of them (sent
-     * after this grant) must find it, mapped or about to be.  Before the
-     * waiter wakes: the grow maps them, then drops them from the set. */
-    int wellformed = plen >= (size_t)m->count * (sizeof(uint32_t) + sizeof(int64_t));
-    for (uint32_t i = 0; wellformed && i < m->count; i++) {
-        if (segs[i] >= pool->win->exports[EMA_TIER_DEVICE][src].capacity / pool->win->seg_size) {
-            wellformed = 0;
-        }
+    g.wellformed = plen >= (size_t)m->count * (sizeof(uint32_t) + sizeof(int64_t)) &&
+                   m->count <= nsegs && m->left <= nsegs;
+    for (uint32_t i = 0; g.wellformed && i < m->count; i++) {
+        g.wellformed = segs[i] < nsegs;
     }
-    if (!wellformed) {
+    if (!g.wellformed) {
         ema_error("malformed grant from rank %d: dropped", src);
-        memset(&none, 0, sizeof(none));
-        g.plen = 0; /* wakes the borrower with nothing granted */
-        g.m    = &none;
-    } else {
-        for (uint32_t i = 0; i < m->count; i++) {
-            ema__loc_t loc = EMA_LOC(src, EMA_TIER_DEVICE, segs[i]);
-            ema_pool_acq_add(pool, &loc, 1);
-            ema_trace("granted segment %u by rank %d", segs[i], src);
-        }
     }
-    atomic_store(&pool->peer_lendable[src], m->left);
-    if (!ema__xport_waiter_call(pool->xp, m->token, ema_pool_grant_cb, &g) || !g.ok) {
-        if (wellformed && m->count > 0) {
-            /* nobody wants them (no waiter, or more than it asked for):
-             * give them straight back rather than leak the lender's memory */
-            ema_error("grant of %u segments from rank %d for no waiting borrow: given back",
-                      m->count, src);
-            ema_pool_giveback_later(pool, src, segs, m->count);
-        }
+    int live = ema__xport_waiter_call(pool->xp, m->token, ema_pool_grant_cb, &g);
+    if (g.taken || !g.wellformed || m->count == 0) {
+        return;
     }
+    if (g.answered) {
+        /* a second copy of a grant already taken: the segments are the
+         * borrower's (given back would free them under it) */
+        ema_error("grant from rank %d repeated: dropped", src);
+        return;
+    }
+    /* nobody asked this rank for them: back to the lender rather than leak */
+    ema_error("grant of %u segments from rank %d for no borrow waiting on it%s: given back",
+              m->count, src, live ? " (another rank's)" : "");
+    ema_pool_giveback_later(pool, src, segs, m->count);
 }
 
 /* Ask @lender for up to @want segments; returns how many it granted. */
@@ -170,6 +175,7 @@ static uint32_t ema_pool_borrow_from(ema__pool_t *pool, int lender, uint32_t wan
     ema_pool_msg_t m;
 
     atomic_init(&w.done, 0);
+    w.lender  = lender;
     w.want    = want;
     w.count   = 0;
     w.segs    = segs;

@@ -42,10 +42,20 @@
 
 #include "util/log.h"
 
+#include <inttypes.h>
+
+ema_status_t ema__pool_send_ucx(void *arg, int peer, const void *hdr, size_t hlen,
+                                const void *payload, size_t plen)
+{
+    return ema__xport_am_send(arg, peer, EMA_AM_POOL, hdr, hlen, payload, plen);
+}
+
+/* Every message leaves through pool->send: UCX, or the unit tests'
+ * loopback. */
 ema_status_t ema__pool_send(ema__pool_t *pool, int peer, const ema_pool_msg_t *m,
                             const void *payload, size_t plen)
 {
-    return ema__xport_am_send(pool->xp, peer, EMA_AM_POOL, m, sizeof(*m), payload, plen);
+    return pool->send(pool->send_arg, peer, m, sizeof(*m), payload, plen);
 }
 
 void ema__pool_dispatch(void *arg, int src, const void *data, size_t len)
@@ -70,18 +80,29 @@ void ema__pool_dispatch(void *arg, int src, const void *data, size_t len)
         ema__pool_granted(pool, src, &m, payload, plen);
         break;
     case EMA_POOL_MSG_GIVEBACK:
-        if (plen >= (size_t)m.count * sizeof(uint32_t)) {
-            ema__pool_take_back(pool, src, m.count, (const uint32_t *)payload);
-            ema__xport_defer_ref(pool->xp, EMA_JOB_QUICK, ema__pool_advertise_job, pool); /* no send here */
+        if (plen < (size_t)m.count * sizeof(uint32_t)) {
+            ema_error("malformed give-back from rank %d: %u segments in %zu bytes", src,
+                      m.count, plen);
+            return;
         }
+        ema__pool_take_back(pool, src, m.count, (const uint32_t *)payload);
+        ema__xport_defer_ref(pool->xp, EMA_JOB_QUICK, ema__pool_advertise_job, pool); /* no send here */
         break;
     case EMA_POOL_MSG_ADVERT:
+        if (m.left > ema__pool_peer_nsegs(pool, src)) {
+            ema_error("rank %d advertises %" PRIu64 " lendable segments, more than its arena: "
+                      "dropped", src, m.left);
+            return;
+        }
         atomic_store(&pool->peer_lendable[src], m.left);
         break;
     case EMA_POOL_MSG_REFUSE:
-        if (plen >= (size_t)m.count * sizeof(uint32_t)) {
-            ema__pool_refused(pool, src, m.count, (const uint32_t *)payload);
+        if (plen < (size_t)m.count * sizeof(uint32_t)) {
+            ema_error("malformed refusal from rank %d: %u segments in %zu bytes", src, m.count,
+                      plen);
+            return;
         }
+        ema__pool_refused(pool, src, m.count, (const uint32_t *)payload);
         break;
     case EMA_POOL_MSG_BORROW:
     case EMA_POOL_MSG_RECALL: {
@@ -89,7 +110,7 @@ void ema__pool_dispatch(void *arg, int src, const void *data, size_t len)
          * quick job; a recall migrates data and waits on peers: a long one. */
         size_t n = (m.type == EMA_POOL_MSG_RECALL) ? m.count : 0;
         if (plen < n * sizeof(uint32_t)) {
-            ema_error("malformed pool message from rank %d", src);
+            ema_error("malformed recall from rank %d: %zu segments in %zu bytes", src, n, plen);
             return;
         }
         ema_pool_job_t *job = malloc(sizeof(*job) + n * sizeof(uint32_t));

@@ -118,6 +118,8 @@ ema_status_t ema__pool_init(ema__pool_t *pool, ema__win_ctx_t *win, ema__mem_are
     pool->rank  = win->rank;
     pool->size  = win->size;
     pool->reserve_segs = (uint32_t)((pool->cfg.lend_reserve + win->seg_size - 1) / win->seg_size);
+    pool->send     = ema__pool_send_ucx;
+    pool->send_arg = pool->xp;
     pthread_mutex_init(&pool->lock, NULL);
     pthread_mutex_init(&pool->acq_lock, NULL);
     pthread_mutex_init(&pool->advert_lock, NULL);

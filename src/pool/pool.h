@@ -28,6 +28,16 @@ typedef struct ema__pool_config {
 
 extern const ema_config_field_t ema__pool_config_table[];
 
+/* How a pool message leaves this rank: @hdr and @payload go to @peer as one
+ * message, contiguous at the receiver (as UCX delivers it with
+ * UCP_AM_FLAG_WHOLE_MSG), and the call returns once they may be reused.
+ * ema__pool_init installs the UCX active message on EMA_AM_POOL; the unit
+ * tests replace it, after init, with a loopback that queues the message
+ * and later hands it to ema__pool_dispatch of the target's pool
+ * (tests/unit/test_lend_protocol.c). */
+typedef ema_status_t (*ema__pool_send_cb)(void *arg, int peer, const void *hdr, size_t hlen,
+                                          const void *payload, size_t plen);
+
 typedef struct ema__pool {
     ema__pool_config_t cfg;
     ema__win_ctx_t    *win;
@@ -37,6 +47,8 @@ typedef struct ema__pool {
     int                rank;
     int                size;
     uint32_t           reserve_segs;
+    ema__pool_send_cb  send;         /* every message of the protocol */
+    void              *send_arg;
 
     pthread_mutex_t    lock;         /* lender-side bookkeeping below */
     int16_t           *lent_to;      /* [nsegs]: borrower of a lent segment, -1 */

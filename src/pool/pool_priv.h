@@ -38,6 +38,7 @@ typedef struct {
 /* A borrower waiting for a GRANT. */
 typedef struct {
     atomic_int done;
+    int        lender;   /* the rank asked: a grant from another is dropped */
     uint32_t   want;
     uint32_t   count;
     uint32_t  *segs;
@@ -55,7 +56,19 @@ typedef struct ema_pool_job {
 } ema_pool_job_t;
 
 
+/* Segments in rank @r's arena, as its export says: the bound of every
+ * segment index and lendable figure that rank sends. */
+static inline uint64_t ema__pool_peer_nsegs(const ema__pool_t *pool, int r)
+{
+    return pool->win->exports[EMA_TIER_DEVICE][r].capacity / pool->win->seg_size;
+}
+
 /* msg.c */
+/* The default send (ema__pool_send_cb): an active message on EMA_AM_POOL
+ * of @arg, the rank's ema__xport_t. */
+ema_status_t ema__pool_send_ucx(void *arg, int peer, const void *hdr, size_t hlen,
+                                const void *payload, size_t plen);
+/* Send @m and @payload to @peer through pool->send. */
 ema_status_t ema__pool_send(ema__pool_t *pool, int peer, const ema_pool_msg_t *m,
                             const void *payload, size_t plen);
 /* The one dispatch point of EMA_AM_POOL: checks the sender, the length and

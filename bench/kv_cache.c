@@ -47,6 +47,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#define KV_PEAK_BUCKETS 8 /* shrink_after_s in buckets: a sliding peak */
+
 struct kv_cache {
     const kv_params_t *p;
     int         rank, nranks, gpu;
@@ -83,6 +85,8 @@ struct kv_cache {
     size_t      free_unpinned;       /* free blocks in segments not pinned */
     double      gb_now;
     const char *gb_why;              /* "giveback" (a lender's), "shrink" */
+    size_t      peak[KV_PEAK_BUCKETS]; /* most blocks in use, per bucket of time */
+    size_t      peak_bucket;
 };
 
 static void kv_die(const char *what, ema_status_t s)
@@ -403,6 +407,12 @@ int kv_cache_reserve(kv_cache_t *kc, size_t n, double now)
         return 0;
     case KV_CFG_ELASTIC:
         if (kv_usable(kc) >= n) {
+            if (kc->wait_start >= 0) {
+                /* waiting for lent memory, the need went away (requests
+                 * finished): the wait is over all the same */
+                kv_stats_event(kc->st, now, "lender_wait", 0, (now - kc->wait_start) * 1e6);
+                kc->wait_start = -1;
+            }
             return 0;
         }
         return kv_grow(kc, n - kv_usable(kc), now);
@@ -670,13 +680,31 @@ size_t kv_cache_maintain(kv_cache_t *kc, kv_req_t *rq, double now, int idle,
      * over the part, so those past the new end move into free blocks below
      * it first (compaction: a block copy each), then the part shrinks.
      * Without this a part keeps a few long requests' blocks at its end and
-     * holds borrowed memory it no longer uses.  Only with nobody waiting:
-     * a rank with a queue would take the memory back at once, and a busy
-     * peer that borrowed it meanwhile would have to give it back
-     * (preempting) - churn that costs both. */
+     * holds borrowed memory it no longer uses.  Only what the rank has not
+     * needed for shrink_after_s (the peak of its blocks in use over that
+     * time), and only with nobody waiting: memory given away and needed
+     * again soon has to be recalled from a busy peer, which then preempts
+     * to give it back - churn that costs both. */
+    size_t used = kc->nblk - kc->nfree;
+    double width  = kc->p->shrink_after_s / KV_PEAK_BUCKETS;
+    size_t bucket = width > 0 ? (size_t)(now / width) : kc->peak_bucket + KV_PEAK_BUCKETS;
+    if (bucket != kc->peak_bucket) {
+        for (size_t b = kc->peak_bucket + 1; b <= bucket && b <= kc->peak_bucket + KV_PEAK_BUCKETS;
+             b++) {
+            kc->peak[b % KV_PEAK_BUCKETS] = 0;
+        }
+        kc->peak_bucket = bucket;
+    }
+    if (used > kc->peak[bucket % KV_PEAK_BUCKETS]) {
+        kc->peak[bucket % KV_PEAK_BUCKETS] = used;
+    }
+    size_t peak = 0;
+    for (int b = 0; b < KV_PEAK_BUCKETS; b++) {
+        peak = kc->peak[b] > peak ? kc->peak[b] : peak;
+    }
     if (!kc->any_moving && !kc->gb_pending && idle) {
         size_t keep = (size_t)kc->p->shrink_keep;
-        size_t need = (kc->nblk - kc->nfree + kc->bps - 1) / kc->bps + keep;
+        size_t need = (peak + kc->bps - 1) / kc->bps + keep;
         if (kc->nsegs >= need + keep + 1) {
             size_t used_segs = kc->nsegs;
             while (used_segs > 0 && kc->seg_used[used_segs - 1] == 0) {

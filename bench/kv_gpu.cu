@@ -30,7 +30,7 @@
 
 #define KV_D       128 /* words per head */
 #define KV_WARPS   4
-#define KV_MAXSPLIT 16
+#define KV_MAXSPLIT 8
 #define KV_SPLIT_TOKENS 256
 
 static char kv_gpu_errbuf[256];

@@ -27,6 +27,9 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from kv_serving import classify  # noqa: E402  (one definition of the classes)
+
 CONFIGS = ["static", "elastic", "double", "oracle"]
 COLORS = {"static": "tab:gray", "elastic": "tab:blue", "double": "tab:green",
           "oracle": "tab:purple"}
@@ -141,21 +144,6 @@ def plot_hot_throughput(out, dst, label):
     fig.savefig(dst, dpi=110)
     plt.close(fig)
     return True
-
-
-def classify(rows):
-    hot_phases = {int(r["phase"]) for r in rows if r["hot"] == "1"}
-    for r in rows:
-        k = int(r["phase"])
-        if k < 0:
-            r["class"] = "warmup"
-        elif r["hot"] == "1":
-            r["class"] = "hot"
-        elif (k - 1) in hot_phases:
-            r["class"] = "after"
-        else:
-            r["class"] = "cold"
-    return rows
 
 
 def plot_cdf(out, dst, label):

@@ -558,7 +558,8 @@ static void usage(void)
         "  --prompt MED,SIGMA,MIN,MAX --output MED,SIGMA,MIN,MAX   lognormal lengths\n"
         "  --lengths FILE      (prompt, output) pairs instead\n"
         "  --max-seqs N --max-prefill N --watermark X   scheduler (256, 4096, 0.01)\n"
-        "  --shrink-keep N     elastic: free segments kept at the end (1)\n"
+        "  --shrink-keep N     elastic: free segments kept at the end (2)\n"
+        "  --shrink-after-ms X elastic: give back only what was unused this long (1000)\n"
         "  --backoff-ms A,B    elastic: retry a failed grow after A ms, doubling up to B\n"
         "                      (5,320; after a refusal always A)\n"
         "  --hold-ms X         elastic: no grow for X ms after a give-back (50)\n"
@@ -641,6 +642,7 @@ static int parse_args(kv_params_t *p, int argc, char **argv)
         else if (!strcmp(a, "--max-prefill")) p->max_prefill_tokens = (uint32_t)atoi(v);
         else if (!strcmp(a, "--watermark")) p->watermark = atof(v);
         else if (!strcmp(a, "--shrink-keep")) p->shrink_keep = atoi(v);
+        else if (!strcmp(a, "--shrink-after-ms")) p->shrink_after_s = atof(v) * 1e-3;
         else if (!strcmp(a, "--backoff-ms"))
             sscanf(v, "%lf,%lf", &p->grow_backoff_s, &p->grow_backoff_max_s);
         else if (!strcmp(a, "--hold-ms")) p->giveback_hold_s = atof(v) * 1e-3;
@@ -686,7 +688,8 @@ int main(int argc, char **argv)
     p->max_seqs = 256;
     p->max_prefill_tokens = 4096;
     p->watermark = 0.01;
-    p->shrink_keep = 1;
+    p->shrink_keep = 2;
+    p->shrink_after_s = 1;
     p->grow_backoff_s = 5;
     p->grow_backoff_max_s = 320;
     p->giveback_hold_s = 0.05;
@@ -764,12 +767,11 @@ int main(int argc, char **argv)
             fprintf(stderr, "kv_serving: cuda: --tok-bytes must be a multiple of 1024\n");
             return 1;
         }
-        size_t maxtab = (size_t)((p->p_max + p->o_max) / KV_BLOCK_TOKENS + 2) * (e.nrq + 1);
-        if (maxtab > 16u << 20) {
-            maxtab = 16u << 20;
-        }
+        /* a batch never has more than max_seqs requests (64 in calibration) */
+        uint32_t maxb = (uint32_t)(p->max_seqs > 64 ? p->max_seqs : 64);
+        size_t maxtab = (size_t)((p->p_max + p->o_max) / KV_BLOCK_TOKENS + 2) * maxb;
         if (kv_gpu_init(ms.device, (size_t)(p->weights_gb * 1073741824.0), e.tok_elems, heads,
-                        (uint32_t)(e.nrq + 1), (uint32_t)maxtab) != 0) {
+                        maxb, (uint32_t)maxtab) != 0) {
             fprintf(stderr, "kv_serving rank %d: %s\n", e.rank, kv_gpu_error());
             return 1;
         }

@@ -56,6 +56,7 @@ typedef struct {
     uint32_t max_prefill_tokens;
     double   watermark;   /* free blocks kept at admission, fraction of C */
     int      shrink_keep; /* elastic: free segments kept at the part's end */
+    double   shrink_after_s; /* elastic: give back what was not needed for this long */
     double   grow_backoff_s, grow_backoff_max_s;
     double   giveback_hold_s;
     /* step model (virtual clock of the host kind; rates of every kind) */

@@ -41,8 +41,8 @@ SCENARIOS = ["rotating", "stationary", "allbusy"]
 PRESETS = {
     "host": dict(kv_mem="1M", seg="64K", tok_bytes=64, args=[]),
     "cuda": dict(kv_mem="2G", seg=None, tok_bytes=131072,
-                 args=["--phase", "2", "--warmup", "1.5", "--drain", "2",
-                       "--prompt", "256,0.8,16,1024", "--output", "64,0.7,8,256",
+                 args=["--phase", "1.5", "--warmup", "1", "--drain", "1.5",
+                       "--prompt", "256,0.8,16,1024", "--output", "48,0.7,8,192",
                        "--weights-gb", "2"]),
 }
 
@@ -95,7 +95,7 @@ def mpirun_cmd(a, env, argv):
     for k in sorted(env):
         cmd += ["-x", k]
     for k in sorted(os.environ):
-        if k.startswith("UCX_") and k not in env:
+        if (k.startswith("UCX_") or k == "LD_LIBRARY_PATH") and k not in env:
             cmd += ["-x", k]
     return cmd + ["-n", str(a.np)] + argv
 
@@ -136,8 +136,9 @@ def plan(a):
     for scn in a.scenarios:
         cfgs = a.configs if scn != "allbusy" else [c for c in a.configs
                                                    if c in ("static", "elastic")]
+        seeds = a.seeds if scn == "rotating" else a.other_seeds
         for cfg in cfgs:
-            for seed in range(1, a.seeds + 1):
+            for seed in range(1, seeds + 1):
                 runs.append((scn, cfg, seed, None))
     for hot in a.sweep:
         for cfg in a.configs:
@@ -217,21 +218,34 @@ def load_run(d):
         summ += read_csv(p)
     reqs = []
     for p in sorted(glob.glob(os.path.join(d, "req_r*.csv"))):
-        rows = read_csv(p)
-        hot_phases = {int(r["phase"]) for r in rows if r["hot"] == "1"}
-        for r in rows:
-            k = int(r["phase"])
-            if k < 0:
-                continue  # the warm-up
-            if r["hot"] == "1":
-                cl = "hot"
-            elif (k - 1) in hot_phases and k not in hot_phases:
-                cl = "after"
-            else:
-                cl = "cold"
-            r["class"] = cl
-            reqs.append(r)
+        reqs += [r for r in classify(read_csv(p)) if r["class"] != "warmup"]
     return summ, reqs
+
+
+def classify(rows):
+    """A rank's requests by the class of their arrival phase (as kv_stats.c):
+    hot, after (the phase after a hot one), cold; "cold" only if the request
+    also finished in a cold phase, else "cold-out"."""
+    hot = {int(r["phase"]) for r in rows if r["hot"] == "1"}
+    last = max([int(r["phase"]) for r in rows] + [0])
+
+    def cls(k):
+        if k < 0:
+            return "warmup"
+        if k in hot:
+            return "hot"
+        if k - 1 in hot:
+            return "after"
+        if k > last:
+            return "drain"
+        return "cold"
+
+    for r in rows:
+        c = cls(int(r["phase"]))
+        if c == "cold" and r["done"] == "1" and cls(int(r.get("done_phase", r["phase"]))) != "cold":
+            c = "cold-out"
+        r["class"] = c
+    return rows
 
 
 def collect(a):
@@ -453,7 +467,9 @@ def main():
     ap.add_argument("out", help="output directory")
     ap.add_argument("--kind", choices=["host", "cuda"], default="host")
     ap.add_argument("--np", type=int, default=4)
-    ap.add_argument("--seeds", type=int, default=5)
+    ap.add_argument("--seeds", type=int, default=5, help="seeds 1..N of each run")
+    ap.add_argument("--other-seeds", type=int,
+                    help="seeds of the stationary and allbusy scenarios (default --seeds)")
     ap.add_argument("--configs", default=",".join(CONFIGS))
     ap.add_argument("--scenarios", default=",".join(SCENARIOS))
     ap.add_argument("--sweep", default="", help="hot demands for the load sweep, e.g. 1,1.4,2.2")
@@ -483,6 +499,7 @@ def main():
     a.configs = [c for c in a.configs.split(",") if c]
     a.scenarios = [s for s in a.scenarios.split(",") if s]
     a.sweep = [float(x) for x in a.sweep.split(",") if x]
+    a.other_seeds = a.other_seeds or a.seeds
     a.kind_note = "a 2-core VM, virtual clock"
     for c in a.configs:
         if c not in CONFIGS:

@@ -7,8 +7,9 @@
  *   all    every measured phase (the warm-up and the drain excluded).
  * Throughput counts the tokens generated inside the class's phases;
  * latencies, goodput and the preemption counts are those of the requests
- * that arrived in them (a request unfinished at the end counts with the
- * time it waited so far, and never as good).
+ * that arrived in them (for "cold", and finished in a cold phase too; a
+ * request unfinished at the end counts with the time it waited so far,
+ * and never as good).
  *
  * Files (with --out DIR), one set per rank R:
  *   req_rR.csv       one line per request
@@ -69,6 +70,21 @@ void kv_stats_destroy(kv_stats_t *st)
     free(st->samples);
     free(st->events);
     free(st);
+}
+
+static int kv_class(const kv_load_t *ld, int k, int rank, int cl);
+
+/* The requests a class's latencies are taken over: those that arrived in
+ * its phases; for "cold", only those that also finished in a cold phase
+ * (one that arrived just before the rank turned hot ran mostly in its hot
+ * phase, and measures that phase's batch, not the lender's lot). */
+static int kv_req_in(const kv_load_t *ld, const kv_req_t *r, int rank, int cl)
+{
+    if (!kv_class(ld, r->phase, rank, cl)) {
+        return 0;
+    }
+    return cl != KV_CL_COLD || r->state != KV_REQ_DONE ||
+           kv_class(ld, kv_load_phase(ld, r->t_done), rank, KV_CL_COLD);
 }
 
 static int kv_class(const kv_load_t *ld, int k, int rank, int cl)
@@ -165,7 +181,7 @@ int kv_stats_finish(kv_stats_t *st, const kv_req_t *rq, size_t nrq, double t_end
     if (p->out != NULL) {
         if ((f = kv_open(st, "req")) != NULL) {
             fprintf(f, "uid,rank,phase,hot,arrive,prompt,output,generated,ttft,tpot,e2e,"
-                       "preemptions,recomputed,done\n");
+                       "preemptions,recomputed,done,done_phase\n");
             for (size_t i = 0; i < nrq; i++) {
                 const kv_req_t *r = &rq[i];
                 if (r->state == KV_REQ_FUTURE) {
@@ -176,10 +192,11 @@ int kv_stats_finish(kv_stats_t *st, const kv_req_t *rq, size_t nrq, double t_end
                                   ? (r->t_done - r->t_first) / (r->output - 1) : NAN;
                 double e2e  = (r->state == KV_REQ_DONE) ? r->t_done - r->arrive
                                                          : t_end - r->arrive;
-                fprintf(f, "%u,%d,%d,%d,%.6f,%u,%u,%u,%.6f,%.6f,%.6f,%u,%u,%d\n", r->uid,
+                fprintf(f, "%u,%d,%d,%d,%.6f,%u,%u,%u,%.6f,%.6f,%.6f,%u,%u,%d,%d\n", r->uid,
                         st->rank, r->phase, kv_load_is_hot(ld, r->phase, st->rank), r->arrive,
                         r->prompt, r->output, r->gen, ttft, tpot, e2e, r->npreempt,
-                        r->recomputed, r->state == KV_REQ_DONE);
+                        r->recomputed, r->state == KV_REQ_DONE,
+                        r->state == KV_REQ_DONE ? kv_load_phase(ld, r->t_done) : -2);
             }
             fclose(f);
         }
@@ -241,7 +258,7 @@ int kv_stats_finish(kv_stats_t *st, const kv_req_t *rq, size_t nrq, double t_end
             if (r->state == KV_REQ_DONE && kv_class(ld, kv_load_phase(ld, r->t_done), st->rank, cl)) {
                 completed++;
             }
-            if (!kv_class(ld, r->phase, st->rank, cl)) {
+            if (!kv_req_in(ld, r, st->rank, cl)) {
                 continue;
             }
             arrived++;
@@ -261,7 +278,7 @@ int kv_stats_finish(kv_stats_t *st, const kv_req_t *rq, size_t nrq, double t_end
             nv = 0;
             for (size_t i = 0; i < nrq; i++) {
                 const kv_req_t *r = &rq[i];
-                if (r->state == KV_REQ_FUTURE || !kv_class(ld, r->phase, st->rank, cl)) {
+                if (r->state == KV_REQ_FUTURE || !kv_req_in(ld, r, st->rank, cl)) {
                     continue;
                 }
                 int done = r->state == KV_REQ_DONE;

@@ -212,7 +212,7 @@ kv_cache_t *kv_cache_create(const kv_params_t *p, int rank, int nranks, size_t c
                             kv_stats_t *st)
 {
     kv_cache_t *kc = calloc(1, sizeof(*kc));
-    ema_mem_stat_t ms;
+    ema_mem_stat_t ms = {0}; /* field_mask 0 (where there is one): every field */
     ema_status_t s;
 
     kc->p = p;
@@ -231,7 +231,7 @@ kv_cache_t *kv_cache_create(const kv_params_t *p, int rank, int nranks, size_t c
         void *b;
         ema_win_h w;
         size_t sz;
-        ema_win_stat_t ws;
+        ema_win_stat_t ws = {0};
         if ((s = ema_win_allocate(1, NULL, &b, &w)) != EMA_SUCCESS) {
             kv_die("ema_win_allocate", s);
         }
@@ -337,7 +337,7 @@ static int kv_grow(kv_cache_t *kc, size_t missing, double now)
 {
     size_t segs = (missing + kc->bps - 1) / kc->bps;
     size_t want = kc->nsegs + segs;
-    ema_mem_stat_t m0, m1;
+    ema_mem_stat_t m0 = {0}, m1 = {0};
     ema_status_t s;
     double t0;
 
@@ -513,7 +513,7 @@ void kv_cache_unpin(kv_cache_t *kc)
 
 static void kv_shrink_to(kv_cache_t *kc, size_t segs, double now, const char *why)
 {
-    ema_win_stat_t a, b;
+    ema_win_stat_t a = {0}, b = {0};
     ema_status_t s;
     double t0;
 
@@ -582,7 +582,7 @@ size_t kv_cache_maintain(kv_cache_t *kc, kv_req_t *rq, double now, int idle,
         return 0;
     }
 
-    ema_win_stat_t ws;
+    ema_win_stat_t ws = {0};
     ema_status_t s;
     KV_TIMED(kc, s = ema_win_stat(kc->win, &ws));
     if (s != EMA_SUCCESS) {
@@ -805,8 +805,8 @@ void kv_cache_mem(kv_cache_t *kc, size_t *size_p, size_t *local_p, size_t *borro
         *lent_p     = 0;
         return;
     }
-    ema_win_stat_t ws;
-    ema_mem_stat_t ms;
+    ema_win_stat_t ws = {0};
+    ema_mem_stat_t ms = {0}; /* field_mask 0 (where there is one): every field */
     KV_TIMED(kc, ema_win_stat(kc->win, &ws));
     KV_TIMED(kc, ema_mem_stat(&ms));
     *size_p     = ws.size;

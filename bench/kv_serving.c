@@ -664,7 +664,7 @@ int main(int argc, char **argv)
 {
     kv_engine_t e;
     kv_params_t *p = &e.p;
-    ema_mem_stat_t ms;
+    ema_mem_stat_t ms = {0}; /* field_mask 0 (where there is one): every field */
 
     memset(&e, 0, sizeof(e));
     p->cfg = KV_NCFG;

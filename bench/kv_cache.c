@@ -14,25 +14,22 @@
  *            lent, then borrows), ema_win_shrink when whole segments at its
  *            end are free, so idle memory can be lent.
  *
- * Reclaim, elastic (the borrower's side):
- *   1. A lender recalls segments.  If EMA can move them (free memory here
- *      or at another lender), it calls the reclaim callback first
- *      (kv_reclaim_cb, on the progress thread): the segments are flagged,
- *      and the requests with blocks on them sit out the steps until the
- *      move is over (ema_win_stat's migrations counter has caught up with
- *      the segments announced).  Each step pins the part segment by
- *      segment (ema_win_acquire), then reads the flag: a flagged segment
- *      is released at once and left alone, as ema_win_set_reclaim_cb(3)
- *      asks; one flagged after the pin waits for the step's end (the move
- *      waits for the release).
- *   2. If EMA has nowhere to move them, the lender's grow fails and
- *      ema_win_stat reports them as bytes_wanted.  The engine frees that
- *      many segments: it picks the segments whose owners are fewest and
- *      youngest (least work to recompute), preempts those owners (recompute
- *      later, generated tokens kept), moves the blocks left past the new
- *      end into the holes (compaction), and shrinks the part.  The lender's
- *      next grow then finds the memory (given back, or free here to move
- *      its segments to).  The engine does not grow for giveback_hold_s
+ * Reclaim, elastic (the borrower's side; ema(7) MIGRATION):
+ *   1. Every step acquires the whole part (ema_win_acquire) before its
+ *      loads, stores or kernels and releases it after: a recall that comes
+ *      meanwhile waits for the release (one step at most), and an acquire
+ *      waits out a move already under way.  So the reclaim callback
+ *      (kv_reclaim_cb, on the progress thread) has nothing to stop; it
+ *      counts what lenders recalled.
+ *   2. If EMA has nowhere to move the recalled segments, the lender's grow
+ *      fails and ema_win_stat reports them as bytes_wanted.  A part shrinks
+ *      only at its end, so the engine frees that many segments' worth: it
+ *      picks the segments whose owners are fewest and youngest (least work
+ *      to recompute), preempts those owners (recompute later, generated
+ *      tokens kept), moves the blocks left past the new end into the holes
+ *      (compaction), and shrinks the part.  The lender's next grow then
+ *      finds the memory (given back, or free here or at another lender to
+ *      move its segments to).  The engine does not grow for giveback_hold_s
  *      afterwards, so that the lender gets there first.
  *
  * The time of every EMA call is added up (kv_cache_take_ema_us): the host
@@ -73,16 +70,10 @@ struct kv_cache {
     size_t      wanted_credit;
     size_t      gb_segs;             /* a give-back in progress: new size */
     int         gb_pending;
-    _Atomic uint8_t *moving;         /* per segment: announced by the callback */
-    _Atomic uint64_t announced;      /* segments announced so far */
-    uint64_t    ann_cleared, own_mig;
-    double      moving_since;
-    int         any_moving;
+    _Atomic uint64_t cb_bytes;       /* recalled, as the callback said */
+    uint64_t    cb_seen;
     pthread_t   engine;
-    /* pins of this step */
-    uint8_t    *pinned;              /* per segment */
-    int         pin_active;
-    size_t      free_unpinned;       /* free blocks in segments not pinned */
+    int         pin_active;          /* the part is acquired (a step) */
     double      gb_now;
     const char *gb_why;              /* "giveback" (a lender's), "shrink" */
     size_t      peak[KV_PEAK_BUCKETS]; /* most blocks in use, per bucket of time */
@@ -106,16 +97,13 @@ static void kv_reclaim_cb(ema_win_h win, size_t offset, size_t len, void *arg)
 {
     kv_cache_t *kc = arg;
     (void)win;
-    /* our own shrink moves segments home on this thread, between steps:
-     * nothing to stop */
-    if (pthread_equal(pthread_self(), kc->engine)) {
-        return;
+    (void)offset;
+    /* our own shrink moves segments home on this thread, between steps;
+     * a recall's move waits for the step's release (see the top): only
+     * count what lenders asked for */
+    if (!pthread_equal(pthread_self(), kc->engine)) {
+        atomic_fetch_add(&kc->cb_bytes, len);
     }
-    size_t first = offset / kc->seg, last = (offset + len - 1) / kc->seg;
-    for (size_t s = first; s <= last && s < kc->max_segs; s++) {
-        atomic_store(&kc->moving[s], 1);
-    }
-    atomic_fetch_add(&kc->announced, last - first + 1);
 }
 
 /* --- the bitmap -------------------------------------------------------------- */
@@ -133,52 +121,27 @@ static void kv_bit_clear(kv_cache_t *kc, size_t b)
     kc->freemap[b / 64] &= ~(1ull << (b % 64));
 }
 
-/* the lowest free block below @limit, or SIZE_MAX; during a step, only in
- * pinned segments */
+/* the lowest free block below @limit, or SIZE_MAX */
 static size_t kv_lowest_free(kv_cache_t *kc, size_t limit)
 {
     for (size_t w = kc->low_word; w < kc->nwords && w * 64 < limit; w++) {
-        uint64_t m = kc->freemap[w];
-        if (m == 0) {
-            continue;
-        }
-        if (kc->free_unpinned == 0) {
+        if (kc->freemap[w] != 0) {
             kc->low_word = w;
-        }
-        for (; m != 0; m &= m - 1) {
-            size_t b = w * 64 + (size_t)__builtin_ctzll(m);
-            if (b >= limit) {
-                return SIZE_MAX;
-            }
-            if (!kc->pin_active || kc->pinned[b / kc->bps]) {
-                return b;
-            }
+            size_t b = w * 64 + (size_t)__builtin_ctzll(kc->freemap[w]);
+            return b < limit ? b : SIZE_MAX;
         }
     }
     return SIZE_MAX;
 }
 
-static void kv_pin_seg(kv_cache_t *kc, size_t sg)
+static void kv_acquire(kv_cache_t *kc, size_t first_seg, size_t nsegs)
 {
     ema_status_t s;
-    KV_TIMED(kc, s = ema_win_acquire(kc->win, sg * kc->seg, kc->seg));
+    KV_TIMED(kc, s = ema_win_acquire(kc->win, first_seg * kc->seg, nsegs * kc->seg));
     if (s != EMA_SUCCESS) {
         kv_die("ema_win_acquire", s);
     }
-    kc->pinned[sg] = 1;
-    /* announced before our pin took: the move may be under way, so leave
-     * the segment alone (the flag is set before the move looks at pins) */
-    if (atomic_load(&kc->moving[sg])) {
-        KV_TIMED(kc, s = ema_win_release(kc->win, sg * kc->seg, kc->seg));
-        if (s != EMA_SUCCESS) {
-            kv_die("ema_win_release", s);
-        }
-        kc->pinned[sg] = 0;
-        kc->free_unpinned += kc->bps - kc->seg_used[sg];
-    }
 }
-
-static void kv_pin_seg(kv_cache_t *kc, size_t sg);
 
 static void kv_set_segs(kv_cache_t *kc, size_t nsegs)
 {
@@ -195,14 +158,11 @@ static void kv_set_segs(kv_cache_t *kc, size_t nsegs)
     size_t old = kc->nsegs;
     for (size_t s = old; s < nsegs; s++) {
         kc->seg_used[s] = 0;
-        kc->pinned[s]   = 0;
     }
     kc->nblk  = nb;
     kc->nsegs = nsegs;
-    if (kc->pin_active) { /* grown during a step: pin the new segments too */
-        for (size_t s = old; s < nsegs; s++) {
-            kv_pin_seg(kc, s);
-        }
+    if (kc->pin_active && nsegs > old) { /* grown during a step: pin that too */
+        kv_acquire(kc, old, nsegs - old);
     }
 }
 
@@ -268,8 +228,6 @@ kv_cache_t *kv_cache_create(const kv_params_t *p, int rank, int nranks, size_t c
     kc->freemap  = calloc(kc->nwords, sizeof(uint64_t));
     kc->owner    = malloc(maxb * sizeof(int32_t));
     kc->seg_used = calloc(kc->max_segs, sizeof(uint32_t));
-    kc->moving   = calloc(kc->max_segs, sizeof(*kc->moving));
-    kc->pinned   = calloc(kc->max_segs + 1, 1);
     kc->backoff  = p->grow_backoff_s;
     kc->wait_start = -1;
 
@@ -300,8 +258,6 @@ void kv_cache_destroy(kv_cache_t *kc)
     free(kc->freemap);
     free(kc->owner);
     free(kc->seg_used);
-    free((void *)kc->moving);
-    free(kc->pinned);
     free(kc);
 }
 
@@ -320,7 +276,7 @@ double kv_cache_take_ema_us(kv_cache_t *kc)
 /* free blocks this step may use */
 static size_t kv_usable(kv_cache_t *kc)
 {
-    return kc->nfree - kc->free_unpinned;
+    return kc->nfree;
 }
 
 size_t kv_cache_free_blocks(kv_cache_t *kc)
@@ -440,9 +396,6 @@ uint32_t kv_cache_alloc(kv_cache_t *kc, int32_t owner)
 
 void kv_cache_free(kv_cache_t *kc, uint32_t b)
 {
-    if (kc->pin_active && !kc->pinned[b / kc->bps]) {
-        kc->free_unpinned++;
-    }
     kc->owner[b] = -1;
     kv_bit_set(kc, b);
     kc->nfree++;
@@ -452,72 +405,36 @@ void kv_cache_free(kv_cache_t *kc, uint32_t b)
     }
 }
 
-int kv_cache_blk_moving(kv_cache_t *kc, uint32_t blk)
-{
-    return kc->pin_active && !kc->pinned[blk / kc->bps];
-}
 
 /* --- pins ------------------------------------------------------------------- */
 
 void kv_cache_pin(kv_cache_t *kc)
 {
-    ema_status_t s;
-
-    kc->free_unpinned = 0;
-    kc->pin_active    = 1;
-    if (kc->nsegs == 0) {
-        return;
-    }
-    /* the whole part at once, then let go of any segment announced as
-     * moving (kv_pin_seg says why the order matters) */
-    KV_TIMED(kc, s = ema_win_acquire(kc->win, 0, kc->nsegs * kc->seg));
-    if (s != EMA_SUCCESS) {
-        kv_die("ema_win_acquire", s);
-    }
-    for (size_t sg = 0; sg < kc->nsegs; sg++) {
-        kc->pinned[sg] = 1;
-        if (kc->cfg == KV_CFG_ELASTIC && atomic_load(&kc->moving[sg])) {
-            KV_TIMED(kc, s = ema_win_release(kc->win, sg * kc->seg, kc->seg));
-            if (s != EMA_SUCCESS) {
-                kv_die("ema_win_release", s);
-            }
-            kc->pinned[sg] = 0;
-            kc->free_unpinned += kc->bps - kc->seg_used[sg];
-        }
+    kc->pin_active = 1;
+    if (kc->nsegs > 0) {
+        kv_acquire(kc, 0, kc->nsegs);
     }
 }
 
 void kv_cache_unpin(kv_cache_t *kc)
 {
     ema_status_t s;
-    for (size_t i = 0; i < kc->nsegs;) {
-        if (!kc->pinned[i]) {
-            i++;
-            continue;
-        }
-        size_t j = i;
-        while (j < kc->nsegs && kc->pinned[j]) {
-            kc->pinned[j++] = 0;
-        }
-        KV_TIMED(kc, s = ema_win_release(kc->win, i * kc->seg, (j - i) * kc->seg));
+    if (kc->nsegs > 0) {
+        KV_TIMED(kc, s = ema_win_release(kc->win, 0, kc->nsegs * kc->seg));
         if (s != EMA_SUCCESS) {
             kv_die("ema_win_release", s);
         }
-        i = j;
     }
-    kc->pin_active    = 0;
-    kc->free_unpinned = 0;
+    kc->pin_active = 0;
 }
 
 /* --- maintenance -------------------------------------------------------------- */
 
 static void kv_shrink_to(kv_cache_t *kc, size_t segs, double now, const char *why)
 {
-    ema_win_stat_t a = {0}, b = {0};
     ema_status_t s;
     double t0;
 
-    KV_TIMED(kc, ema_win_stat(kc->win, &a));
     t0 = kv_now();
     s = ema_win_shrink(kc->win, segs * kc->seg);
     double us = (kv_now() - t0) * 1e6;
@@ -525,8 +442,6 @@ static void kv_shrink_to(kv_cache_t *kc, size_t segs, double now, const char *wh
     if (s != EMA_SUCCESS) {
         kv_die("ema_win_shrink", s);
     }
-    KV_TIMED(kc, ema_win_stat(kc->win, &b));
-    kc->own_mig += b.migrations - a.migrations; /* moves home: not announced */
     kv_stats_event(kc->st, now, why, (double)((kc->nsegs - segs) * kc->seg), us);
     kv_set_segs(kc, segs);
 }
@@ -559,7 +474,7 @@ size_t kv_cache_maintain(kv_cache_t *kc, kv_req_t *rq, double now, int idle,
             int32_t best = -1;
             for (size_t b = 0; b < kc->nblk; b++) {
                 int32_t r = kc->owner[b];
-                if (r < 0 || rq[r].stalled == 2) {
+                if (r < 0 || rq[r].victim) {
                     continue;
                 }
                 if (best < 0 || kv_younger(&rq[r], &rq[best])) {
@@ -569,12 +484,12 @@ size_t kv_cache_maintain(kv_cache_t *kc, kv_req_t *rq, double now, int idle,
             if (best < 0) {
                 break;
             }
-            rq[best].stalled = 2; /* marked: a victim */
+            rq[best].victim = 1;
             victims[nv++] = (uint32_t)best;
             freed += rq[best].nblk;
         }
         for (size_t i = 0; i < nv; i++) {
-            rq[victims[i]].stalled = 0;
+            rq[victims[i]].victim = 0;
         }
         return nv;
     }
@@ -588,26 +503,11 @@ size_t kv_cache_maintain(kv_cache_t *kc, kv_req_t *rq, double now, int idle,
     if (s != EMA_SUCCESS) {
         kv_die("ema_win_stat", s);
     }
-    /* 1. moves announced by the callback: over once the migrations counter
-     * has caught up (or, failing that, after 0.2 s of wall time: a move the
-     * library dropped, e.g. of a segment shrunk away meanwhile) */
-    uint64_t ann = atomic_load(&kc->announced);
-    if (ann > kc->ann_cleared) {
-        if (!kc->any_moving) {
-            kc->any_moving   = 1;
-            kc->moving_since = kv_now();
-            kv_stats_event(kc->st, now, "moving", (double)((ann - kc->ann_cleared) * kc->seg), 0);
-        }
-        if (ws.migrations - kc->own_mig >= ann || kv_now() - kc->moving_since > 0.2) {
-            for (size_t i = 0; i < kc->max_segs; i++) {
-                atomic_store(&kc->moving[i], 0);
-            }
-            /* a callback between the load and the stores above is caught
-             * by the next step: announced only grows */
-            kc->ann_cleared = ann;
-            kc->any_moving  = 0;
-            kv_stats_event(kc->st, now, "moved", 0, (kv_now() - kc->moving_since) * 1e6);
-        }
+    /* 1. what lenders recalled, as the callback counted it */
+    uint64_t cb = atomic_load(&kc->cb_bytes);
+    if (cb > kc->cb_seen) {
+        kv_stats_event(kc->st, now, "recalled", (double)(cb - kc->cb_seen), 0);
+        kc->cb_seen = cb;
     }
     /* 2. memory lenders want back and we had nowhere to move.  What we
      * gave back counts against bytes_wanted until our hold is over: the
@@ -617,8 +517,7 @@ size_t kv_cache_maintain(kv_cache_t *kc, kv_req_t *rq, double now, int idle,
     if (ws.bytes_wanted == 0 || now >= kc->hold_until) {
         kc->wanted_credit = 0;
     }
-    if (ws.bytes_wanted > kc->wanted_credit && !kc->any_moving && !kc->gb_pending &&
-        kc->nsegs > 0) {
+    if (ws.bytes_wanted > kc->wanted_credit && !kc->gb_pending && kc->nsegs > 0) {
         size_t k = (ws.bytes_wanted - kc->wanted_credit + kc->seg - 1) / kc->seg;
         k = k < kc->nsegs ? k : kc->nsegs;
         /* pick k segments, cheapest first: fewest owners not yet chosen,
@@ -634,7 +533,7 @@ size_t kv_cache_maintain(kv_cache_t *kc, kv_req_t *rq, double now, int idle,
                 double owners = 0, work = 0;
                 for (size_t b = sg * kc->bps; b < (sg + 1) * kc->bps; b++) {
                     int32_t r = kc->owner[b];
-                    if (r < 0 || rq[r].stalled == 2) {
+                    if (r < 0 || rq[r].victim) {
                         continue;
                     }
                     /* count each owner once per segment */
@@ -656,15 +555,15 @@ size_t kv_cache_maintain(kv_cache_t *kc, kv_req_t *rq, double now, int idle,
             chosen[best] = 1;
             for (size_t b = best * kc->bps; b < (best + 1) * kc->bps; b++) {
                 int32_t r = kc->owner[b];
-                if (r >= 0 && rq[r].stalled != 2 && nv < max_victims) {
-                    rq[r].stalled = 2;
+                if (r >= 0 && !rq[r].victim && nv < max_victims) {
+                    rq[r].victim = 1;
                     victims[nv++] = (uint32_t)r;
                 }
             }
         }
         free(chosen);
         for (size_t i = 0; i < nv; i++) {
-            rq[victims[i]].stalled = 0;
+            rq[victims[i]].victim = 0;
         }
         kc->gb_segs    = kc->nsegs - k;
         kc->gb_pending = 1;
@@ -702,7 +601,7 @@ size_t kv_cache_maintain(kv_cache_t *kc, kv_req_t *rq, double now, int idle,
     for (int b = 0; b < KV_PEAK_BUCKETS; b++) {
         peak = kc->peak[b] > peak ? kc->peak[b] : peak;
     }
-    if (!kc->any_moving && !kc->gb_pending && idle) {
+    if (!kc->gb_pending && idle) {
         size_t keep = (size_t)kc->p->shrink_keep;
         size_t need = (peak + kc->bps - 1) / kc->bps + keep;
         if (kc->nsegs >= need + keep + 1) {
@@ -734,16 +633,6 @@ void kv_cache_finish_giveback(kv_cache_t *kc, kv_req_t *rq)
     size_t n = 0;
 
     kv_cache_pin(kc);
-    for (size_t sg = 0; sg < kc->nsegs; sg++) {
-        if (!kc->pinned[sg]) {
-            /* a segment began to move since the victims were chosen: try
-             * again next step (the victims' blocks stay free meanwhile) */
-            kv_cache_unpin(kc);
-            free(src);
-            free(dst);
-            return;
-        }
-    }
     /* compaction: every block past the cut to the lowest free one below */
     for (size_t b = cut; b < kc->nblk; b++) {
         int32_t r = kc->owner[b];

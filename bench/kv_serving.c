@@ -275,28 +275,15 @@ static uint32_t schedule_prefill(kv_engine_t *e, double now)
     return ntok;
 }
 
-static int stalled(kv_engine_t *e, const kv_req_t *r)
-{
-    for (uint32_t k = 0; k < r->nblk; k++) {
-        if (kv_cache_blk_moving(e->kc, r->blk[k])) {
-            return 1;
-        }
-    }
-    return 0;
-}
-
-/* The decode batch: every running request whose blocks are not moving,
- * with a new block for each whose last block is full. */
+/* The decode batch: every running request, with a new block for each whose
+ * last block is full. */
 static void schedule_decode(kv_engine_t *e, double now)
 {
     for (;;) {
         size_t need = 0;
         for (size_t i = 0; i < e->nrun; i++) {
             kv_req_t *r = &e->rq[e->run[i]];
-            r->stalled = stalled(e, r);
-            if (!r->stalled && r->kv_len == r->nblk * KV_BLOCK_TOKENS) {
-                need++;
-            }
+            need += r->kv_len == r->nblk * KV_BLOCK_TOKENS;
         }
         if (need == 0 || kv_cache_reserve(e->kc, need, now) == 0) {
             break;
@@ -314,10 +301,6 @@ static void schedule_decode(kv_engine_t *e, double now)
     for (size_t i = 0; i < e->nrun; i++) {
         uint32_t ri = e->run[i];
         kv_req_t *r = &e->rq[ri];
-        if (r->stalled) {
-            kv_stats_event(e->st, now, "stall", 0, 0);
-            continue;
-        }
         if (r->kv_len == r->nblk * KV_BLOCK_TOKENS) {
             blk_push(r, kv_cache_alloc(e->kc, (int32_t)ri));
         }

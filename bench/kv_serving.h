@@ -87,7 +87,7 @@ typedef struct {
     uint32_t *blk;
     double   t_first, t_done;
     uint32_t npreempt, recomputed;
-    int      stalled;    /* skipped this step: its blocks are moving */
+    int      victim;     /* kv_cache_maintain: chosen to be preempted */
 } kv_req_t;
 
 /* --- load (kv_load.c) ----------------------------------------------------- */
@@ -153,8 +153,7 @@ size_t kv_cache_maintain(kv_cache_t *kc, kv_req_t *rq, double now, int idle,
                          uint32_t *victims, size_t max_victims);
 /* after the victims are freed: move the blocks left past the cut, shrink */
 void   kv_cache_finish_giveback(kv_cache_t *kc, kv_req_t *rq);
-int    kv_cache_blk_moving(kv_cache_t *kc, uint32_t blk);
-/* pin what a step touches (every segment not being moved), and unpin */
+/* acquire the whole part around what a step touches, and release it */
 void   kv_cache_pin(kv_cache_t *kc);
 void   kv_cache_unpin(kv_cache_t *kc);
 /* microseconds spent in EMA calls since the last call */

@@ -366,7 +366,9 @@ int kv_cache_reserve(kv_cache_t *kc, size_t n, double now)
             if (kc->wait_start >= 0) {
                 /* waiting for lent memory, the need went away (requests
                  * finished): the wait is over all the same */
-                kv_stats_event(kc->st, now, "lender_wait", 0, (now - kc->wait_start) * 1e6);
+                if (now > kc->wait_start) {
+                    kv_stats_event(kc->st, now, "lender_wait", 0, (now - kc->wait_start) * 1e6);
+                }
                 kc->wait_start = -1;
             }
             return 0;

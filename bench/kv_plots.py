@@ -230,7 +230,7 @@ def plot_lender_wait(out, dst, label):
     for scn in ("rotating", "stationary", "allbusy"):
         for p in glob.glob(os.path.join(out, "runs", scn, "elastic", "s*", "events_r*.csv")):
             waits.setdefault(scn, []).extend(fnum(e["us"]) / 1e3 for e in read_csv(p)
-                                             if e["event"] == "lender_wait")
+                                             if e["event"] == "lender_wait" and fnum(e["us"]) > 0)
     waits = {k: v for k, v in waits.items() if v}
     if not waits:
         return False
@@ -254,44 +254,53 @@ def plot_lender_wait(out, dst, label):
 
 
 def plot_step_vs_borrowed(out, dst, label):
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    drawn = False
-    for cfg, marker in (("elastic", "."), ("static", "x")):
-        d = first_seed(out, "rotating", cfg)
-        if d is None:
-            continue
-        xs, ys, cs = [], [], []
-        for p in glob.glob(os.path.join(d, "steps_r*.csv")):
-            for r in read_csv(p):
-                if r["prefill"] == "1":
-                    continue
-                kv = fnum(r["kv_tokens"])
-                if kv <= 0:
-                    continue
-                xs.append(fnum(r["borrowed_frac"]))
-                ys.append(fnum(r["dt_ms"]))
-                cs.append(kv)
-        if not xs:
-            continue
-        sc = ax.scatter(xs, ys, c=cs, s=3 if marker == "." else 6, marker=marker,
-                        cmap="viridis", alpha=0.5, label="%s decode steps" % cfg)
-        drawn = True
-        if cfg == "elastic":
-            # the median of each tenth of the borrowed fraction
-            bins = {}
-            for x, y in zip(xs, ys):
-                bins.setdefault(min(int(x * 10), 9), []).append(y)
-            bx = sorted(bins)
-            ax.plot([(b + 0.5) / 10 for b in bx], [statistics.median(bins[b]) for b in bx],
-                    color="red", lw=2, label="elastic, median per 0.1")
-    if not drawn:
-        plt.close(fig)
+    """Left: decode step time against the borrowed fraction (a bigger batch
+    borrows more and reads more, so this mixes two effects).  Right: the
+    same steps' time over what a step of the same batch and K/V size takes
+    with nothing borrowed (a least-squares fit, time = a + b * K/V tokens +
+    c * batch, over the steps that borrowed nothing, static's and elastic's):
+    what borrowing itself costs."""
+    import numpy as np
+
+    steps = {}
+    for cfg in ("elastic", "static"):
+        for d in glob.glob(os.path.join(out, "runs", "rotating", cfg, "s*")):
+            for p in glob.glob(os.path.join(d, "steps_r*.csv")):
+                for r in read_csv(p):
+                    if r["prefill"] == "0" and fnum(r["kv_tokens"]) > 0:
+                        steps.setdefault(cfg, []).append(
+                            (fnum(r["borrowed_frac"]), fnum(r["dt_ms"]), fnum(r["kv_tokens"]),
+                             fnum(r["batch"])))
+    if "elastic" not in steps:
         return False
-    fig.colorbar(sc, ax=ax, label="K/V tokens read in the step")
-    ax.set_xlabel("borrowed fraction of the rank's KV window")
-    ax.set_ylabel("decode step time (ms)")
-    ax.legend(fontsize=8)
-    ax.set_title("Step time against borrowed fraction, rotating (%s)" % label)
+    base = [s for v in steps.values() for s in v if s[0] == 0]
+    A = np.array([[1, s[2], s[3]] for s in base])
+    coef = np.linalg.lstsq(A, np.array([s[1] for s in base]), rcond=None)[0]
+    el = steps["elastic"]
+    bf = np.array([s[0] for s in el])
+    dt = np.array([s[1] for s in el])
+    pred = coef[0] + coef[1] * np.array([s[2] for s in el]) + coef[2] * np.array([s[3] for s in el])
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    sc = ax1.scatter(bf, dt, c=[s[2] for s in el], s=2, cmap="viridis", alpha=0.4)
+    fig.colorbar(sc, ax=ax1, label="K/V tokens read in the step")
+    ax1.set_xlabel("borrowed fraction of the rank's KV window")
+    ax1.set_ylabel("decode step time (ms)")
+    ax1.set_title("elastic decode steps")
+    ratio = dt / pred
+    ax2.scatter(bf, ratio, s=2, alpha=0.3, color="tab:blue", label="elastic decode steps")
+    bins = {}
+    for x, y in zip(bf, ratio):
+        bins.setdefault(min(int(x * 10), 9), []).append(y)
+    bx = sorted(bins)
+    ax2.plot([(b + 0.5) / 10 for b in bx], [statistics.median(bins[b]) for b in bx], color="red",
+             lw=2, label="median per 0.1")
+    ax2.axhline(1, color="gray", lw=0.8)
+    ax2.set_ylim(0.8, 1.5)
+    ax2.set_xlabel("borrowed fraction of the rank's KV window")
+    ax2.set_ylabel("step time / same step with nothing borrowed")
+    ax2.set_title("what borrowing costs a step")
+    ax2.legend(fontsize=8)
+    fig.suptitle("Step time against borrowed fraction, rotating, all seeds (%s)" % label)
     fig.tight_layout()
     fig.savefig(dst, dpi=110)
     plt.close(fig)

@@ -292,11 +292,14 @@ def run_metrics(run, scn):
             m["%s_%s_p50" % (cl, met)] = quantile(v, 0.5)
             m["%s_%s_p99" % (cl, met)] = quantile(v, 0.99)
     for k in ("preemptions", "recomputed_tokens", "grows", "grow_fails", "recalls", "refusals",
-              "givebacks", "moves", "lender_waits"):
+              "givebacks", "lender_waits"):
         m[k] = total(all_rows, k)
-    waits = []
+    waits, m["recalled"] = [], 0
     for p in glob.glob(os.path.join(run["dir"], "events_r*.csv")):
-        waits += [num(e["us"]) / 1e3 for e in read_csv(p) if e["event"] == "lender_wait"]
+        ev = read_csv(p)
+        waits += [num(e["us"]) / 1e3 for e in ev
+                  if e["event"] == "lender_wait" and num(e["us"]) > 0]
+        m["recalled"] += sum(1 for e in ev if e["event"] == "recalled")
     m["lender_wait_p50_ms"] = quantile(waits, 0.5)
     m["lender_wait_p99_ms"] = quantile(waits, 0.99)
     m["lender_wait_max_ms"] = max(waits) if waits else float("nan")
@@ -404,12 +407,13 @@ def tabulate(a, data):
             M = [r["m"] for r in data[(scn, "elastic", None)].values()]
             g = lambda k: [m[k] for m in M]
             lines.append("\nWhere elastic's time went (per run, all ranks): grows %s, failed grows "
-                         "%s, recalls %s, refusals %s, give-backs %s, moves announced %s; "
-                         "lender waits %s, p50 %s ms, p99 %s ms, max %s ms; EMA calls %s ms per "
-                         "second of a rank; most borrowed by one rank %s MiB." % (
+                         "%s, grows that recalled lent memory %s, refused %s, give-backs %s, "
+                         "recalls seen by the borrowers' callbacks %s; lender waits %s, p50 %s "
+                         "ms, p99 %s ms, max %s ms; EMA calls %s ms per second of a rank; most "
+                         "borrowed by one rank %s MiB." % (
                              fmt_mr(g("grows"), 0), fmt_mr(g("grow_fails"), 0),
                              fmt_mr(g("recalls"), 0), fmt_mr(g("refusals"), 0),
-                             fmt_mr(g("givebacks"), 0), fmt_mr(g("moves"), 0),
+                             fmt_mr(g("givebacks"), 0), fmt_mr(g("recalled"), 0),
                              fmt_mr(g("lender_waits"), 0), fmt_mr(g("lender_wait_p50_ms"), 2),
                              fmt_mr(g("lender_wait_p99_ms"), 2),
                              fmt_mr(g("lender_wait_max_ms"), 2), fmt_mr(g("ema_ms_per_s"), 2),

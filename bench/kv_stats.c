@@ -167,7 +167,7 @@ static FILE *kv_open(const kv_stats_t *st, const char *what)
     "scenario,config,seed,rank,class,phases,offered_rps,arrived,completed,unfinished," \
     "tokens_s,req_s,goodput_rps,ttft_p50,ttft_p99,tpot_p50,tpot_p99,e2e_p50,e2e_p99," \
     "preemptions,recomputed_tokens,grows,grow_fails,recalls,refusals,shrinks,givebacks," \
-    "moves,lender_waits,lender_wait_p50_ms,lender_wait_p99_ms,lender_wait_max_ms," \
+    "recalled,lender_waits,lender_wait_p50_ms,lender_wait_p99_ms,lender_wait_max_ms," \
     "local_mean_mib,borrowed_mean_mib,borrowed_max_mib,lent_mean_mib,used_mean_mib," \
     "steps,step_ms_mean,decode_ms_mean,ema_ms_per_s,borrowed_frac_mean,corrupt,wall_s\n"
 
@@ -298,7 +298,7 @@ int kv_stats_finish(kv_stats_t *st, const kv_req_t *rq, size_t nrq, double t_end
         /* events in the class's phases */
         double ev[9] = {0};
         static const char *names[] = {"grow", "grow_fail", "recall", "refusal", "shrink",
-                                      "giveback", "moving", "lender_wait"};
+                                      "giveback", "recalled", "lender_wait"};
         nw = 0;
         for (size_t i = 0; i < st->nevents; i++) {
             const kv_event_t *e = &st->events[i];

@@ -1,531 +1,840 @@
 /*
- * kv_serving: LLM serving's KV cache under skewed load, three ways, side by
- * side in one run (host kind; the model of DESIGN.md's last goal):
+ * kv_serving: LLM serving with the KV cache in an EMA elastic window, one
+ * engine per rank, under a load that moves between ranks.
  *
- *   static   each rank serves from its own memory only (C bytes);
- *   elastic  the same C bytes each, and a rank that runs out grows its KV
- *            window into idle peers' memory (ema_win_grow borrows); a peer
- *            that gets busy takes its memory back (implicit reclaim), and
- *            where the borrower has nowhere to move it, the borrower's
- *            engine preempts requests to give it back (bytes_wanted);
- *   double   each rank has 2C bytes of its own: the upper bound.
+ *   mpirun -n 4 bench/kv_serving --config static|elastic|double|oracle
+ *          [--scenario rotating|stationary|allbusy] [--seed N] [--out DIR] ...
  *
- *   EMA_DEVICE_MEMORY=64M EMA_LEND_RESERVE=0 EMA_SPILL=none \
- *       mpirun --oversubscribe -n 4 -x EMA_DEVICE_MEMORY -x EMA_LEND_RESERVE -x EMA_SPILL \
- *       bench/kv_serving [--time S] [--rate R] [--skew F] [--step-us U] [--seed N]
- *                        [--per-rank]
+ * One run is one configuration and one seed: each configuration needs its
+ * own EMA_DEVICE_MEMORY, so bench/kv_serving.py launches one mpirun per
+ * (configuration, seed), in a random order, and gathers the CSV files.
+ * `kv_serving --help` lists the options; doc/kv_serving.md describes the
+ * model and the results.
  *
- * (EMA_SPILL=none: on GPUs the spill tier is host memory across PCIe, so
- * elastic should borrow peers' memory only; with spill on, the columns show
- * how much went there.)
+ * The engine, as vLLM's (v0) scheduler:
+ *  - requests arrive (kv_load.c) into a FCFS queue;
+ *  - a step is a prefill step when the head of the queue can be admitted:
+ *    requests are admitted in order while their prompt fits the step's
+ *    token budget and their KV blocks can be had with a free-block
+ *    watermark left over (the head blocks the rest: no overtaking); the
+ *    prefill writes the K/V of every prompt token and yields the first
+ *    output token;
+ *  - otherwise a decode step: every running request writes the K/V of its
+ *    last token (a new block each 16 tokens) and reads all of its K/V
+ *    (attention), yielding one token;
+ *  - when a decode step lacks blocks (and, elastic, the window cannot
+ *    grow) the youngest running request is preempted: its blocks are
+ *    freed, it goes back to the head of the queue, and is later prefilled
+ *    again over its prompt and the tokens generated so far (recompute,
+ *    the generated tokens are kept);
+ *  - lenders' pressure (kv_cache.c) preempts the owners of the segments
+ *    to give back.
  *
- * Each rank runs one serving engine.  Requests arrive by a Poisson process,
- * rank 0 getting --skew of them and the others sharing the rest.  A
- * request needs KV blocks (one block = 2 MiB) for its prompt and its output
- * tokens, paged as in vLLM (anywhere in the KV window); it is admitted, in
- * arrival order, when its blocks can be found, and then decodes one token
- * per step.  A step takes --step-us whatever
- * the batch (decoding streams the weights: a larger batch is almost free),
- * plus one pass that reads and writes a word per 4 KiB of every admitted
- * request's KV blocks (its attention reads them, wherever they live).  So
- * the memory a rank can hold KV in bounds its batch, hence its throughput.
- *
- * EMA_DEVICE_MEMORY is 2C per rank.  static and elastic each first put C
- * of it in a ballast window, leaving C; static never grows past its free
- * local memory, elastic lets ema_win_grow borrow.  When ema_win_stat says
- * lenders want bytes back that EMA had nowhere to move (bytes_wanted), the
- * elastic engine preempts its youngest requests (they start over later, as
- * vLLM's recompute preemption), moves the KV blocks left in the window's
- * tail into the freed ones, shrinks, and borrows nothing for 12 steps, so
- * the lender's retry finds the memory.  Every rank replays the
- * same arrivals in each mode.  Printed: completed requests per second (all
- * ranks, and rank 0's alone), p50
- * and p99 latency (arrival to last token; a request still queued or
- * decoding at the end counts with its wait so far), most bytes rank 0
- * borrowed (or spilled), requests preempted (all ranks; --per-rank: each
- * rank's throughput and preemptions); then
- * elastic / static and elastic / double.  Goals (DESIGN.md): >= 1.5x static
- * throughput, >= 0.98x double's, p99 <= 1.1x static's.
+ * Two kinds of step:
+ *  - host kind: a CPU loop writes and reads every K/V element through the
+ *    block tables and checks it; the step takes the modelled time of a GPU
+ *    step (kv_model_step) plus the measured time of the EMA calls made in
+ *    it, on a virtual clock that the ranks keep in step (kv_shm.c), so a
+ *    loaded machine changes the time taken, not the result;
+ *  - cuda kind: the kernels of kv_gpu.cu on the window's device memory
+ *    (paged attention with checks, and a weight-streaming mat-vec over a
+ *    few GB of local memory), timed by the wall clock.
+ * Either way the window is pinned (ema_win_acquire) around the step.
  */
-#include <ema.h>
+#define _GNU_SOURCE /* qsort_r */
+#include "kv_serving.h"
+#include "kv_gpu.h"
+#include "kv_pattern.h"
 
-#include <inttypes.h>
 #include <math.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
-#define BLOCK   ((size_t)2 << 20) /* a KV block: one host segment */
-#define MAXREQ  65536
-#define MODES   3
-
-static const char *mode_name[MODES] = {"static", "elastic", "double"};
+const char *kv_cfg_name[KV_NCFG] = {"static", "elastic", "double", "oracle"};
+const char *kv_scn_name[KV_NSCN] = {"rotating", "stationary", "allbusy"};
 
 typedef struct {
-    double   arrive;  /* seconds from the mode's start */
-    uint32_t blocks;  /* KV blocks for prompt + output */
-    uint32_t steps;   /* output tokens */
-    /* during the run */
-    int32_t  admitted; /* 1: holds its blocks, blk[] */
-    uint32_t blk[8];   /* its KV blocks: indices in the KV window, anywhere */
-    uint32_t done;    /* steps decoded */
-    double   latency; /* seconds, once complete */
-} req_t;
+    kv_params_t p;
+    int         rank, nranks, gpu;
+    kv_load_t   ld;
+    kv_req_t   *rq;
+    size_t      nrq, next;
+    kv_cache_t *kc;
+    kv_stats_t *st;
+    uint32_t   *wq;        /* waiting: a ring of request indices */
+    size_t      wq_head, wq_len, wq_cap;
+    uint32_t   *run;       /* running, in admission order */
+    size_t      nrun;
+    uint32_t   *batch;
+    size_t      nbatch;
+    uint32_t   *victims;
+    double      vt, t0, next_sample;
+    uint64_t    corrupt;
+    uint32_t    tok_elems;
+    size_t      wm;        /* watermark, blocks */
+    /* cuda */
+    kv_gpu_req_t *greq;
+    uint32_t     *gtab;
+    size_t        gtab_cap;
+} kv_engine_t;
 
-static int rank, size;
+static int g_rank;
 
-static double now_s(void)
+static void kv_die(const char *what, ema_status_t s)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static void die(const char *what, ema_status_t s)
-{
-    fprintf(stderr, "kv_serving rank %d: %s: %s\n", rank, what, ema_strerror(s));
+    fprintf(stderr, "kv_serving rank %d: %s: %s\n", g_rank, what, ema_strerror(s));
     exit(1);
 }
-#define CHECK(_call) do { ema_status_t s_ = (_call); if (s_ != EMA_SUCCESS) die(#_call, s_); } while (0)
+#define CHECK(_call) \
+    do { \
+        ema_status_t s_ = (_call); \
+        if (s_ != EMA_SUCCESS) { \
+            kv_die(#_call, s_); \
+        } \
+    } while (0)
 
-static uint64_t rnd(uint64_t *s)
+/* --- queues ------------------------------------------------------------------ */
+
+static void wq_push_back(kv_engine_t *e, uint32_t r)
 {
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
+    e->wq[(e->wq_head + e->wq_len++) % e->wq_cap] = r;
 }
 
-static double urand(uint64_t *s) { return (double)(rnd(s) >> 11) / 9007199254740992.0; }
-
-static int cmp_double(const void *a, const void *b)
+static void wq_push_front(kv_engine_t *e, uint32_t r)
 {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
+    e->wq_head = (e->wq_head + e->wq_cap - 1) % e->wq_cap;
+    e->wq[e->wq_head] = r;
+    e->wq_len++;
 }
 
-/*
- * The KV window: blocks [0, nblk) of the own part, paged as in vLLM: a
- * request's blocks can be anywhere, the lowest free ones first.  The part
- * grows by the blocks missing when too few are free, and shrinks back over
- * free blocks at its end, so what a rank borrowed goes back as soon as its
- * tail empties.
- */
-typedef struct {
-    ema_win_h win;
-    char     *base;
-    size_t    max_blocks;
-    size_t    nblk;      /* blocks in the part */
-    size_t    nfree;     /* free blocks among them */
-    int32_t  *owner;     /* [max_blocks]: request holding the block, -1 free */
-    int       mode;
-    size_t    local_cap; /* static, double: never grow past this many bytes */
-    unsigned  step;      /* decode steps so far */
-    unsigned  retry_at;  /* no grow before this step: the last one failed */
-    unsigned  hold_until; /* no grow before this step: we just gave memory back */
-} kv_t;
-
-/* Give @r its blocks, growing the part by what is missing; 0, or -1 if
- * the memory is not there. */
-static int kv_alloc(kv_t *kv, req_t *rq, int32_t r)
+static uint32_t wq_front(kv_engine_t *e)
 {
-    uint32_t n = rq[r].blocks;
-    if (kv->nfree < n) {
-        size_t want = kv->nblk + (n - kv->nfree);
-        if (want > kv->max_blocks || (kv->mode != 1 && want * BLOCK > kv->local_cap)) {
-            return -1;
-        }
-        /* A failed grow asks every peer (about a millisecond): like a real
-         * engine, wait for memory to free up here or a few steps for it to
-         * free up elsewhere before asking again. */
-        if (kv->step < kv->retry_at || kv->step < kv->hold_until) {
-            return -1;
-        }
-        ema_status_t s = ema_win_grow(kv->win, want * BLOCK);
-        if (s == EMA_ERR_NO_MEMORY) {
-            kv->retry_at = kv->step + 10;
-            return -1;
-        }
-        if (s != EMA_SUCCESS) {
-            die("ema_win_grow", s);
-        }
-        for (size_t b = kv->nblk; b < want; b++) {
-            kv->owner[b] = -1;
-        }
-        kv->nfree += want - kv->nblk;
-        kv->nblk = want;
-    }
-    for (size_t b = 0, k = 0; k < n; b++) {
-        if (kv->owner[b] < 0) {
-            kv->owner[b] = r;
-            rq[r].blk[k++] = (uint32_t)b;
-        }
-    }
-    kv->nfree -= n;
-    rq[r].admitted = 1;
-    return 0;
+    return e->wq[e->wq_head];
 }
 
-static void kv_shrink_tail(kv_t *kv)
+static void wq_pop(kv_engine_t *e)
 {
-    size_t keep = kv->nblk;
-    while (keep > 0 && kv->owner[keep - 1] < 0) {
-        keep--;
-    }
-    if (keep < kv->nblk) {
-        CHECK(ema_win_shrink(kv->win, keep * BLOCK));
-        kv->nfree -= kv->nblk - keep;
-        kv->nblk = keep;
+    e->wq_head = (e->wq_head + 1) % e->wq_cap;
+    e->wq_len--;
+}
+
+static void run_remove(kv_engine_t *e, uint32_t r)
+{
+    for (size_t i = 0; i < e->nrun; i++) {
+        if (e->run[i] == r) {
+            memmove(e->run + i, e->run + i + 1, (e->nrun - i - 1) * sizeof(uint32_t));
+            e->nrun--;
+            return;
+        }
     }
 }
 
-static void kv_release(kv_t *kv, req_t *rq, int32_t r)
+static void blk_push(kv_req_t *r, uint32_t b)
 {
-    for (uint32_t k = 0; k < rq[r].blocks; k++) {
-        kv->owner[rq[r].blk[k]] = -1;
+    if (r->nblk == r->cap) {
+        r->cap = r->cap ? 2 * r->cap : 16;
+        r->blk = realloc(r->blk, r->cap * sizeof(uint32_t));
     }
-    kv->nfree += rq[r].blocks;
-    rq[r].admitted = 0;
-    kv->retry_at = 0; /* local memory changed: worth asking again */
-    kv_shrink_tail(kv);
+    r->blk[r->nblk++] = b;
 }
 
-/*
- * A lender wants @wanted bytes back that EMA had nowhere to move
- * (ema_win_stat's bytes_wanted): free the last blocks of the part, as an
- * engine does under memory pressure.  Preempt the youngest requests (they
- * lose the least work; they start over when admitted again) until the
- * blocks left below the cut can hold every block above it, move those down
- * (a copy of each block, as a real engine's KV compaction), and shrink.
- * Returns how many requests were preempted.
- */
-static size_t kv_give_back(kv_t *kv, req_t *rq, size_t head, size_t next, size_t wanted)
+static void req_free_blocks(kv_engine_t *e, kv_req_t *r)
 {
-    size_t drop = (wanted + BLOCK - 1) / BLOCK;
-    size_t cut  = kv->nblk > drop ? kv->nblk - drop : 0;
-    size_t above = 0, free_below = 0, preempted = 0;
-
-    for (size_t b = 0; b < kv->nblk; b++) {
-        if (b >= cut && kv->owner[b] >= 0) {
-            above++;
-        } else if (b < cut && kv->owner[b] < 0) {
-            free_below++;
-        }
+    for (uint32_t k = 0; k < r->nblk; k++) {
+        kv_cache_free(e->kc, r->blk[k]);
     }
-    for (size_t i = next; i > head && free_below < above; i--) {
-        int32_t r = (int32_t)(i - 1);
-        if (!rq[r].admitted) {
-            continue;
-        }
-        for (uint32_t k = 0; k < rq[r].blocks; k++) {
-            uint32_t b = rq[r].blk[k];
-            kv->owner[b] = -1;
-            if (b >= cut) {
-                above--;
-            } else {
-                free_below++;
-            }
-        }
-        kv->nfree += rq[r].blocks;
-        rq[r].admitted = 0;
-        rq[r].done     = 0;
-        preempted++;
-    }
-    /* compaction: every block still above the cut moves to a free one below */
-    for (size_t b = cut, f = 0; b < kv->nblk; b++) {
-        int32_t r = kv->owner[b];
-        if (r < 0) {
-            continue;
-        }
-        while (kv->owner[f] >= 0) {
-            f++;
-        }
-        memcpy(kv->base + f * BLOCK, kv->base + b * BLOCK, BLOCK);
-        for (uint32_t k = 0; k < rq[r].blocks; k++) {
-            if (rq[r].blk[k] == b) {
-                rq[r].blk[k] = (uint32_t)f;
-            }
-        }
-        kv->owner[f] = r;
-        kv->owner[b] = -1;
-    }
-    kv_shrink_tail(kv);
-    /* and leave the memory to the lender that asked for it (it retries
-     * its grow within 10 steps) before borrowing again */
-    kv->hold_until = kv->step + 12;
-    return preempted;
+    r->nblk = 0;
 }
 
-/* One mode, on every rank; returns this rank's completed count. */
-static size_t run_mode(int mode, req_t *rq, size_t nrq, double T, double step_s, size_t cap,
-                       double *lat, size_t *nlat, size_t *max_borrowed, size_t *max_spilled,
-                       size_t *preempted)
+/* Preempt by recompute: the KV goes, the generated tokens stay. */
+static void preempt(kv_engine_t *e, uint32_t i, double now)
 {
-    ema_win_h ballast = NULL;
-    void *bb;
-    kv_t kv;
+    kv_req_t *r = &e->rq[i];
+    req_free_blocks(e, r);
+    kv_stats_preempt(e->st, now, r->kv_len);
+    r->recomputed += r->kv_len;
+    r->kv_len = 0;
+    r->npreempt++;
+    r->state = KV_REQ_WAITING;
+    run_remove(e, i);
+    wq_push_front(e, i);
+}
 
-    /* static and elastic keep C of their 2C in a ballast window */
-    if (mode != 2) {
-        CHECK(ema_win_allocate(cap / 2, NULL, &bb, &ballast));
-        memset(bb, 0, cap / 2); /* resident, like model weights */
+static uint32_t blocks_for(uint32_t tokens)
+{
+    return (tokens + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS;
+}
+
+/* --- the work of a step ------------------------------------------------------------- */
+
+/* CPU: write the K/V of [w_from, w_to), then read and check [0, r_to). */
+static void cpu_attend(kv_engine_t *e, const kv_req_t *r, uint32_t w_from, uint32_t w_to,
+                       uint32_t r_to)
+{
+    char *base = kv_cache_base(e->kc);
+    size_t bb  = kv_cache_blk_bytes(e->kc), tb = e->p.tok_bytes;
+    uint32_t ne = e->tok_elems;
+    uint64_t bad = 0;
+
+    for (uint32_t pos = w_from; pos < w_to; pos++) {
+        uint32_t *t = (uint32_t *)(base + (size_t)r->blk[pos / KV_BLOCK_TOKENS] * bb +
+                                   (size_t)(pos % KV_BLOCK_TOKENS) * tb);
+        uint32_t h = kv_tok_hash(r->uid, pos);
+        for (uint32_t j = 0; j < ne; j++) {
+            t[j] = kv_elem(h, j);
+        }
     }
-    memset(&kv, 0, sizeof(kv));
-    kv.mode       = mode;
-    kv.max_blocks = (size_t)size * cap / BLOCK;
-    kv.local_cap  = (mode == 2) ? cap : cap / 2;
-    kv.owner      = malloc(kv.max_blocks * sizeof(*kv.owner));
-    ema_win_params_t wp = {.field_mask = EMA_WIN_PARAM_FIELD_MAX_SIZE,
-                           .max_size   = kv.max_blocks * BLOCK};
-    void *base;
-    CHECK(ema_win_allocate(0, &wp, &base, &kv.win));
-    kv.base = base;
-    for (size_t i = 0; i < nrq; i++) {
-        rq[i].admitted = 0;
-        rq[i].done     = 0;
+    for (uint32_t pos = 0; pos < r_to; pos++) {
+        const uint32_t *t = (const uint32_t *)(base + (size_t)r->blk[pos / KV_BLOCK_TOKENS] * bb +
+                                               (size_t)(pos % KV_BLOCK_TOKENS) * tb);
+        uint32_t h = kv_tok_hash(r->uid, pos);
+        for (uint32_t j = 0; j < ne; j++) {
+            bad += t[j] != kv_elem(h, j);
+        }
     }
-    *nlat = 0;
-    *max_borrowed = *max_spilled = *preempted = 0;
-    size_t next = 0, head = 0, completed = 0; /* next to arrive; oldest not complete */
-    CHECK(ema_barrier());
-    double t0 = now_s();
-    for (;;) {
-        double t = now_s() - t0;
-        if (t >= T) {
+    e->corrupt += bad;
+}
+
+/* Run the batch: prefill (@prefill) or decode; returns the K/V tokens read. */
+static uint64_t execute(kv_engine_t *e, int prefill, uint32_t ntok)
+{
+    uint64_t kv = 0;
+
+    if (!e->gpu) {
+        for (size_t i = 0; i < e->nbatch; i++) {
+            const kv_req_t *r = &e->rq[e->batch[i]];
+            uint32_t from = prefill ? 0 : r->kv_len;
+            uint32_t to   = prefill ? r->prompt + r->gen : r->kv_len + 1;
+            cpu_attend(e, r, from, to, to);
+            kv += to;
+        }
+        return kv;
+    }
+    size_t ntab = 0;
+    for (size_t i = 0; i < e->nbatch; i++) {
+        ntab += e->rq[e->batch[i]].nblk;
+    }
+    if (ntab > e->gtab_cap) {
+        e->gtab_cap = 2 * ntab;
+        e->gtab = realloc(e->gtab, e->gtab_cap * sizeof(uint32_t));
+    }
+    ntab = 0;
+    for (size_t i = 0; i < e->nbatch; i++) {
+        const kv_req_t *r = &e->rq[e->batch[i]];
+        kv_gpu_req_t *g = &e->greq[i];
+        g->uid     = r->uid;
+        g->w_from  = prefill ? 0 : r->kv_len;
+        g->w_to    = prefill ? r->prompt + r->gen : r->kv_len + 1;
+        g->r_to    = g->w_to;
+        g->tab_off = (uint32_t)ntab;
+        g->nblk    = r->nblk;
+        memcpy(e->gtab + ntab, r->blk, r->nblk * sizeof(uint32_t));
+        ntab += r->nblk;
+        kv += g->r_to;
+    }
+    /* a decode step streams the weights once; a prefill is a matrix
+     * product, about one pass per 256 tokens on an H200 */
+    int passes = prefill ? (int)((ntok + 255) / 256) : 1;
+    uint64_t bad = 0;
+    if (kv_gpu_step(kv_cache_base(e->kc), kv_cache_blk_bytes(e->kc), e->greq,
+                    (uint32_t)e->nbatch, e->gtab, (uint32_t)ntab, passes, &bad) != 0) {
+        fprintf(stderr, "kv_serving rank %d: %s\n", e->rank, kv_gpu_error());
+        exit(1);
+    }
+    e->corrupt += bad;
+    return kv;
+}
+
+/* --- scheduling ---------------------------------------------------------------------- */
+
+/* Admit from the head of the queue; returns the prompt tokens (0: none). */
+static uint32_t schedule_prefill(kv_engine_t *e, double now)
+{
+    uint32_t ntok = 0;
+    e->nbatch = 0;
+    while (e->wq_len > 0 && e->nrun + e->nbatch < (size_t)e->p.max_seqs) {
+        uint32_t i  = wq_front(e);
+        kv_req_t *r = &e->rq[i];
+        uint32_t tokens = r->prompt + r->gen;
+        if (e->nbatch > 0 && ntok + tokens > e->p.max_prefill_tokens) {
             break;
         }
-        while (next < nrq && rq[next].arrive <= t) {
-            next++;
+        uint32_t need = blocks_for(tokens);
+        if (kv_cache_reserve(e->kc, need + e->wm, now) != 0) {
+            break; /* FCFS: the head waits, and so does everyone behind it */
         }
-        /* admit in arrival order: FCFS, no overtaking */
-        for (size_t i = head; i < next; i++) {
-            if (rq[i].admitted || rq[i].done == rq[i].steps) {
-                continue;
-            }
-            if (kv_alloc(&kv, rq, (int32_t)i) != 0) {
-                break;
+        for (uint32_t k = 0; k < need; k++) {
+            blk_push(r, kv_cache_alloc(e->kc, (int32_t)i));
+        }
+        wq_pop(e);
+        r->state = KV_REQ_RUNNING;
+        e->batch[e->nbatch++] = i;
+        ntok += tokens;
+    }
+    return ntok;
+}
+
+/* The decode batch: every running request, with a new block for each whose
+ * last block is full. */
+static void schedule_decode(kv_engine_t *e, double now)
+{
+    for (;;) {
+        size_t need = 0;
+        for (size_t i = 0; i < e->nrun; i++) {
+            kv_req_t *r = &e->rq[e->run[i]];
+            need += r->kv_len == r->nblk * KV_BLOCK_TOKENS;
+        }
+        if (need == 0 || kv_cache_reserve(e->kc, need, now) == 0) {
+            break;
+        }
+        /* out of blocks: preempt the youngest (the latest to arrive) */
+        size_t y = 0;
+        for (size_t i = 1; i < e->nrun; i++) {
+            if (e->rq[e->run[i]].arrive > e->rq[e->run[y]].arrive) {
+                y = i;
             }
         }
-        /* one decode step: attention over every admitted request's KV */
-        uint64_t sink = 0;
-        for (size_t i = head; i < next; i++) {
-            if (!rq[i].admitted) {
-                continue;
-            }
-            for (uint32_t k = 0; k < rq[i].blocks; k++) {
-                volatile uint64_t *p = (volatile uint64_t *)(kv.base + (size_t)rq[i].blk[k] * BLOCK);
-                for (size_t w = 0; w < BLOCK / 8; w += 512) {
-                    sink += p[w];
-                    p[w] = sink;
+        preempt(e, e->run[y], now);
+    }
+    e->nbatch = 0;
+    for (size_t i = 0; i < e->nrun; i++) {
+        uint32_t ri = e->run[i];
+        kv_req_t *r = &e->rq[ri];
+        if (r->kv_len == r->nblk * KV_BLOCK_TOKENS) {
+            blk_push(r, kv_cache_alloc(e->kc, (int32_t)ri));
+        }
+        e->batch[e->nbatch++] = ri;
+    }
+}
+
+static int cmp_younger_first(const void *a, const void *b, void *arg)
+{
+    const kv_req_t *rq = arg;
+    double x = rq[*(const uint32_t *)a].arrive, y = rq[*(const uint32_t *)b].arrive;
+    return (x < y) - (x > y);
+}
+
+static void sample(kv_engine_t *e, double now)
+{
+    size_t size, local, borrowed, lent;
+    kv_cache_mem(e->kc, &size, &local, &borrowed, &lent);
+    kv_stats_sample(e->st, now, size, local, borrowed,
+                    kv_cache_used_blocks(e->kc) * kv_cache_blk_bytes(e->kc), lent, e->nrun,
+                    e->wq_len);
+}
+
+static double clock_now(kv_engine_t *e)
+{
+    return e->gpu ? kv_now() - e->t0 : e->vt;
+}
+
+/* The engine's loop, until the drain is over. */
+static void serve(kv_engine_t *e)
+{
+    const kv_load_t *ld = &e->ld;
+    double t_stop = ld->end_s + e->p.drain_s;
+
+    for (;;) {
+        if (!e->gpu) {
+            kv_vclock_publish(e->rank, e->vt);
+            kv_vclock_wait(e->rank, e->vt, 0);
+        }
+        double now = clock_now(e), wall0 = kv_now();
+        while (e->next < e->nrq && e->rq[e->next].arrive <= now) {
+            e->rq[e->next].state = KV_REQ_WAITING;
+            wq_push_back(e, (uint32_t)e->next);
+            e->next++;
+        }
+        if (now >= t_stop ||
+            (now >= ld->end_s && e->next == e->nrq && e->wq_len == 0 && e->nrun == 0)) {
+            break;
+        }
+        if (now >= e->next_sample) {
+            sample(e, now);
+            e->next_sample = now + e->p.sample_s;
+        }
+        /* lenders' pressure, the oracle's debt, shrinking */
+        size_t nv = kv_cache_maintain(e->kc, e->rq, now, e->wq_len == 0, e->victims, e->nrq);
+        if (nv > 0) {
+            qsort_r(e->victims, nv, sizeof(uint32_t), cmp_younger_first, e->rq);
+            for (size_t i = 0; i < nv; i++) {
+                if (e->rq[e->victims[i]].state == KV_REQ_RUNNING) {
+                    preempt(e, e->victims[i], now);
                 }
             }
         }
-        (void)sink;
-        struct timespec ts = {0, (long)(step_s * 1e9)};
-        nanosleep(&ts, NULL);
-        kv.step++;
-        double tn = now_s() - t0;
-        for (size_t i = head; i < next; i++) {
-            if (!rq[i].admitted) {
-                continue;
+        kv_cache_finish_giveback(e->kc, e->rq);
+
+        kv_cache_pin(e->kc);
+        uint32_t ntok = schedule_prefill(e, now);
+        int prefill   = e->nbatch > 0;
+        if (!prefill) {
+            schedule_decode(e, now);
+            ntok = (uint32_t)e->nbatch;
+        }
+        if (e->nbatch == 0) {
+            kv_cache_unpin(e->kc);
+            /* idle: on to the next arrival (a little at a time, so that
+             * pressure and sampling go on) */
+            double ema_s = kv_cache_take_ema_us(e->kc) * 1e-6;
+            if (e->gpu) {
+                struct timespec ts = {0, 200000};
+                nanosleep(&ts, NULL);
+            } else {
+                double next = e->next < e->nrq ? e->rq[e->next].arrive : t_stop;
+                next = fmin(next, e->vt + 0.01);
+                e->vt = fmax(next, e->vt + 0.0005) + ema_s;
             }
-            if (++rq[i].done == rq[i].steps) {
-                rq[i].latency = tn - rq[i].arrive;
-                lat[(*nlat)++] = rq[i].latency;
-                kv_release(&kv, rq, (int32_t)i);
-                completed++;
+            continue;
+        }
+        uint64_t kv = execute(e, prefill, ntok);
+        kv_cache_unpin(e->kc);
+        double ema_us = kv_cache_take_ema_us(e->kc);
+        double dt;
+        if (e->gpu) {
+            dt = kv_now() - wall0;
+        } else {
+            dt = kv_model_step(&e->p, prefill, ntok, kv) + ema_us * 1e-6;
+            e->vt += dt;
+        }
+        double t_end = clock_now(e);
+        size_t size, local, borrowed, lent;
+        kv_cache_mem(e->kc, &size, &local, &borrowed, &lent);
+        kv_stats_step(e->st, t_end, prefill, (uint32_t)e->nbatch, ntok, kv, dt, ema_us,
+                      size ? (double)borrowed / (double)size : 0);
+        kv_stats_tokens(e->st, t_end, (uint32_t)e->nbatch);
+        for (size_t i = 0; i < e->nbatch; i++) {
+            uint32_t ri = e->batch[i];
+            kv_req_t *r = &e->rq[ri];
+            if (prefill) {
+                r->kv_len = r->prompt + r->gen;
+                if (r->gen == 0) {
+                    r->t_first = t_end;
+                }
+                e->run[e->nrun++] = ri;
+            } else {
+                r->kv_len++;
+            }
+            r->gen++;
+            if (r->gen >= r->output) {
+                r->state  = KV_REQ_DONE;
+                r->t_done = t_end;
+                req_free_blocks(e, r);
+                run_remove(e, ri);
             }
         }
-        while (head < next && rq[head].done == rq[head].steps) {
-            head++;
-        }
-        ema_win_stat_t ws = {0};
-        CHECK(ema_win_stat(kv.win, &ws));
-        /* bytes_wanted counts the lender's own segments until they move,
-         * which its retry does: what we released meanwhile is not counted
-         * off, so answer again only once the hold is over */
-        if (ws.bytes_wanted > 0 && kv.step >= kv.hold_until) {
-            *preempted += kv_give_back(&kv, rq, head, next, ws.bytes_wanted);
-            CHECK(ema_win_stat(kv.win, &ws));
-        }
-        if (ws.bytes_borrowed > *max_borrowed) {
-            *max_borrowed = ws.bytes_borrowed;
-        }
-        if (ws.bytes_spilled > *max_spilled) {
-            *max_spilled = ws.bytes_spilled;
-        }
     }
-    /* requests that arrived but did not finish count with what they waited
-     * so far (a lower bound): a queue that never drains shows in p99 */
-    for (size_t i = head; i < next; i++) {
-        if (rq[i].done < rq[i].steps) {
-            lat[(*nlat)++] = T - rq[i].arrive;
-        }
+    if (!e->gpu) {
+        kv_vclock_publish(e->rank, 1e300); /* nobody waits for us any more */
     }
-    CHECK(ema_barrier());
-    CHECK(ema_win_free(kv.win));
-    if (ballast != NULL) {
-        CHECK(ema_win_free(ballast));
-    }
-    free(kv.owner);
-    return completed;
 }
 
-/* Every rank's @n doubles into rank 0's @all (through a window). */
-static void gather(const double *mine, size_t n, double *all)
+/* --- calibration (cuda kind) ---------------------------------------------------- */
+
+/* Fit the step model of this machine: every rank fills its cache with
+ * requests (all ranks at once, as in a run), times decode steps at two KV
+ * sizes and a prefill step, and rank 0 prints the averages. */
+static void calibrate(kv_engine_t *e)
 {
-    void *base;
-    ema_win_h w;
-    CHECK(ema_win_allocate(rank == 0 ? n * sizeof(double) * (size_t)size : 0, NULL, &base, &w));
-    CHECK(ema_put(w, 0, (size_t)rank * n * sizeof(double), mine, n * sizeof(double)));
-    CHECK(ema_win_flush(w, 0));
-    CHECK(ema_barrier());
-    if (rank == 0) {
-        memcpy(all, base, n * sizeof(double) * (size_t)size);
+    double fill[2] = {0.05, 0.9}, ms[2] = {0, 0}, pf_ms = 0, pf_tok = 1;
+    size_t c = kv_cache_c_blocks(e->kc);
+    uint32_t nreq = 64;
+
+    for (int k = 0; k < 2; k++) {
+        uint32_t len = (uint32_t)(fill[k] * (double)c * KV_BLOCK_TOKENS / nreq);
+        len = len < 2 ? 2 : len;
+        e->nrun = 0;
+        for (uint32_t i = 0; i < nreq && i < e->nrq; i++) {
+            kv_req_t *r = &e->rq[i];
+            req_free_blocks(e, r);
+            r->prompt = len;
+            r->gen    = 0;
+            r->kv_len = 0;
+        }
+        /* prefill them, in one step */
+        kv_cache_pin(e->kc);
+        e->nbatch = 0;
+        uint32_t ntok = 0;
+        for (uint32_t i = 0; i < nreq && i < e->nrq; i++) {
+            kv_req_t *r = &e->rq[i];
+            if (kv_cache_reserve(e->kc, blocks_for(len + 8), 0) != 0) {
+                break;
+            }
+            for (uint32_t b = 0; b < blocks_for(len + 8); b++) {
+                blk_push(r, kv_cache_alloc(e->kc, (int32_t)i));
+            }
+            e->batch[e->nbatch++] = i;
+            ntok += len;
+        }
+        CHECK(ema_barrier());
+        double t0 = kv_now();
+        execute(e, 1, ntok);
+        double t1 = kv_now();
+        kv_cache_unpin(e->kc);
+        if (k == 1) {
+            pf_ms  = (t1 - t0) * 1e3;
+            pf_tok = ntok ? ntok : 1;
+        }
+        for (size_t i = 0; i < e->nbatch; i++) {
+            e->rq[e->batch[i]].kv_len = len;
+        }
+        CHECK(ema_barrier());
+        const int steps = 8;
+        double t2 = kv_now();
+        for (int s = 0; s < steps; s++) {
+            kv_cache_pin(e->kc);
+            execute(e, 0, (uint32_t)e->nbatch);
+            kv_cache_unpin(e->kc);
+            for (size_t i = 0; i < e->nbatch; i++) {
+                e->rq[e->batch[i]].kv_len++;
+            }
+        }
+        ms[k] = (kv_now() - t2) * 1e3 / steps;
+        for (size_t i = 0; i < e->nbatch; i++) {
+            req_free_blocks(e, &e->rq[e->batch[i]]);
+        }
+        fill[k] = (double)e->nbatch * (len + steps / 2);
     }
+    double kv_us   = (ms[1] - ms[0]) * 1e3 / (fill[1] - fill[0]);
+    double base_ms = ms[0] - fill[0] * kv_us * 1e-3;
+    double pf_us   = (pf_ms - base_ms) * 1e3 / pf_tok;
+    kv_shm_put_double(0, e->rank, base_ms);
+    kv_shm_put_double(1, e->rank, kv_us);
+    kv_shm_put_double(2, e->rank, pf_us);
     CHECK(ema_barrier());
-    CHECK(ema_win_free(w));
+    if (e->rank == 0) {
+        double b = kv_shm_mean_double(0, e->nranks), kvu = kv_shm_mean_double(1, e->nranks);
+        double pf = kv_shm_mean_double(2, e->nranks);
+        printf("calibration: --model %.3f,0,%.5f,%.3f   (base ms, decode us/token, KV us/token, "
+               "prefill us/token; %u requests)\n", b, kvu, pf > 0 ? pf : 0.0, nreq);
+        if (e->p.out != NULL) {
+            char path[4200];
+            snprintf(path, sizeof(path), "%s/calibration.txt", e->p.out);
+            FILE *f = fopen(path, "w");
+            if (f != NULL) {
+                fprintf(f, "%.3f,0,%.5f,%.3f\n", b, kvu, pf > 0 ? pf : 0.0);
+                fclose(f);
+            }
+        }
+    }
+    printf("calibration rank %d: decode %.3f ms at %.0f KV tokens, %.3f ms at %.0f; "
+           "corrupt %llu\n", e->rank, ms[0], fill[0], ms[1], fill[1],
+           (unsigned long long)e->corrupt);
+}
+
+/* --- options ----------------------------------------------------------------------- */
+
+static void usage(void)
+{
+    fprintf(stderr,
+        "usage: mpirun -n N kv_serving --config static|elastic|double|oracle [options]\n"
+        "  --scenario S        rotating (default), stationary, allbusy\n"
+        "  --seed N            arrivals and lengths (default 1)\n"
+        "  --out DIR           write the CSV files there (else print the summary)\n"
+        "  --kv-mem SIZE       C, the KV memory of a rank (default: EMA_DEVICE_MEMORY, /2\n"
+        "                      for double, /oracle-mult for oracle)\n"
+        "  --tok-bytes N       K+V bytes of a token (host 64, cuda 131072)\n"
+        "  --oracle-mult X     oracle: the largest part, in C (default 3)\n"
+        "  --phase S --warmup S --drain S --phases N   the schedule (15, 5, 15, ranks)\n"
+        "  --hot X --cold X --busy X   KV demand in C (1.8, 0.25, 0.5)\n"
+        "  --prompt MED,SIGMA,MIN,MAX --output MED,SIGMA,MIN,MAX   lognormal lengths\n"
+        "  --lengths FILE      (prompt, output) pairs instead\n"
+        "  --max-seqs N --max-prefill N --watermark X   scheduler (256, 4096, 0.01)\n"
+        "  --shrink-keep N     elastic: free segments kept at the end (2)\n"
+        "  --shrink-after-ms X elastic: give back only what was unused this long (1000)\n"
+        "  --backoff-ms A,B    elastic: retry a failed grow after A ms, doubling up to B\n"
+        "                      (5,320; after a refusal always A)\n"
+        "  --hold-ms X         elastic: no grow for X ms after a give-back (50)\n"
+        "  --model B,D,K,P     step model: base ms, decode us/token, KV us/token read,\n"
+        "                      prefill us/token (8,20,0.1,40)\n"
+        "  --slo TTFT,TPOT     goodput targets in seconds (2,0.05)\n"
+        "  --weights-gb X      cuda: weights streamed per step (4)\n"
+        "  --calibrate         cuda: print the step model of this machine and exit\n"
+        "  --sample-ms X       timeline period (50)\n");
+}
+
+static size_t parse_size(const char *s)
+{
+    char *end;
+    double v = strtod(s, &end);
+    switch (*end) {
+    case 'k': case 'K': v *= 1024; break;
+    case 'm': case 'M': v *= 1048576; break;
+    case 'g': case 'G': v *= 1073741824.0; break;
+    default: break;
+    }
+    return (size_t)v;
+}
+
+static int parse_args(kv_params_t *p, int argc, char **argv)
+{
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = (i + 1 < argc) ? argv[i + 1] : NULL;
+        int used = 1;
+        if (!strcmp(a, "--calibrate")) {
+            p->calibrate = 1;
+            used = 0;
+        } else if (!strcmp(a, "--quiet")) {
+            p->quiet = 1;
+            used = 0;
+        } else if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            return -1;
+        } else if (v == NULL) {
+            fprintf(stderr, "kv_serving: %s needs a value\n", a);
+            return -1;
+        } else if (!strcmp(a, "--config")) {
+            int k;
+            for (k = 0; k < KV_NCFG && strcmp(v, kv_cfg_name[k]); k++) {
+            }
+            if (k == KV_NCFG && !strcmp(v, "2x")) {
+                k = KV_CFG_DOUBLE;
+            }
+            if (k == KV_NCFG) {
+                fprintf(stderr, "kv_serving: unknown config %s\n", v);
+                return -1;
+            }
+            p->cfg = (kv_cfg_t)k;
+        } else if (!strcmp(a, "--scenario")) {
+            int k;
+            for (k = 0; k < KV_NSCN && strcmp(v, kv_scn_name[k]); k++) {
+            }
+            if (k == KV_NSCN) {
+                fprintf(stderr, "kv_serving: unknown scenario %s\n", v);
+                return -1;
+            }
+            p->scn = (kv_scn_t)k;
+        } else if (!strcmp(a, "--seed")) p->seed = strtoull(v, NULL, 10);
+        else if (!strcmp(a, "--out")) p->out = v;
+        else if (!strcmp(a, "--lengths")) p->lengths_file = v;
+        else if (!strcmp(a, "--kv-mem")) p->kv_mem = parse_size(v);
+        else if (!strcmp(a, "--tok-bytes")) p->tok_bytes = parse_size(v);
+        else if (!strcmp(a, "--oracle-mult")) p->oracle_mult = atof(v);
+        else if (!strcmp(a, "--phase")) p->phase_s = atof(v);
+        else if (!strcmp(a, "--warmup")) p->warmup_s = atof(v);
+        else if (!strcmp(a, "--drain")) p->drain_s = atof(v);
+        else if (!strcmp(a, "--phases")) p->nphases = atoi(v);
+        else if (!strcmp(a, "--hot")) p->hot_mult = atof(v);
+        else if (!strcmp(a, "--cold")) p->cold_mult = atof(v);
+        else if (!strcmp(a, "--busy")) p->busy_mult = atof(v);
+        else if (!strcmp(a, "--prompt"))
+            sscanf(v, "%lf,%lf,%u,%u", &p->p_median, &p->p_sigma, &p->p_min, &p->p_max);
+        else if (!strcmp(a, "--output"))
+            sscanf(v, "%lf,%lf,%u,%u", &p->o_median, &p->o_sigma, &p->o_min, &p->o_max);
+        else if (!strcmp(a, "--max-seqs")) p->max_seqs = atoi(v);
+        else if (!strcmp(a, "--max-prefill")) p->max_prefill_tokens = (uint32_t)atoi(v);
+        else if (!strcmp(a, "--watermark")) p->watermark = atof(v);
+        else if (!strcmp(a, "--shrink-keep")) p->shrink_keep = atoi(v);
+        else if (!strcmp(a, "--shrink-after-ms")) p->shrink_after_s = atof(v) * 1e-3;
+        else if (!strcmp(a, "--backoff-ms"))
+            sscanf(v, "%lf,%lf", &p->grow_backoff_s, &p->grow_backoff_max_s);
+        else if (!strcmp(a, "--hold-ms")) p->giveback_hold_s = atof(v) * 1e-3;
+        else if (!strcmp(a, "--model"))
+            sscanf(v, "%lf,%lf,%lf,%lf", &p->m_base_ms, &p->m_dec_us, &p->m_kv_us, &p->m_pf_us);
+        else if (!strcmp(a, "--slo")) sscanf(v, "%lf,%lf", &p->slo_ttft_s, &p->slo_tpot_s);
+        else if (!strcmp(a, "--weights-gb")) p->weights_gb = atof(v);
+        else if (!strcmp(a, "--sample-ms")) p->sample_s = atof(v) * 1e-3;
+        else {
+            fprintf(stderr, "kv_serving: unknown option %s\n", a);
+            return -1;
+        }
+        i += used;
+    }
+    return 0;
 }
 
 int main(int argc, char **argv)
 {
-    double T = 3.0, rate = 0, skew = 0.7, step_us = 2000;
-    uint64_t seed = 1;
-    int per_rank = 0;
+    kv_engine_t e;
+    kv_params_t *p = &e.p;
+    ema_mem_stat_t ms = {0}; /* field_mask 0 (where there is one): every field */
 
-    for (int i = 1; i < argc; i++) {
-        const char *v = (i + 1 < argc) ? argv[i + 1] : NULL;
-        if (!strcmp(argv[i], "--per-rank")) {
-            per_rank = 1;
-            continue;
-        }
-        if (v != NULL && !strcmp(argv[i], "--time")) T = atof(v);
-        else if (v != NULL && !strcmp(argv[i], "--rate")) rate = atof(v);
-        else if (v != NULL && !strcmp(argv[i], "--skew")) skew = atof(v);
-        else if (v != NULL && !strcmp(argv[i], "--step-us")) step_us = atof(v);
-        else if (v != NULL && !strcmp(argv[i], "--seed")) seed = strtoull(v, NULL, 10);
-        else {
-            fprintf(stderr, "usage: mpirun -n N kv_serving [--time S] [--rate R] [--skew F] "
-                            "[--step-us U] [--seed N] [--per-rank]\n");
-            return 2;
-        }
-        i++;
+    memset(&e, 0, sizeof(e));
+    p->cfg = KV_NCFG;
+    p->scn = KV_SCN_ROTATING;
+    p->seed = 1;
+    p->oracle_mult = 3;
+    p->phase_s = 15;
+    p->warmup_s = 5;
+    p->drain_s = 15;
+    p->hot_mult = 1.8;
+    p->cold_mult = 0.25;
+    p->busy_mult = 0.5;
+    p->p_median = 160;
+    p->p_sigma = 0.9;
+    p->p_min = 8;
+    p->p_max = 2048;
+    p->o_median = 120;
+    p->o_sigma = 0.9;
+    p->o_min = 4;
+    p->o_max = 1024;
+    p->max_seqs = 256;
+    p->max_prefill_tokens = 4096;
+    p->watermark = 0.01;
+    p->shrink_keep = 2;
+    p->shrink_after_s = 1;
+    p->grow_backoff_s = 5;
+    p->grow_backoff_max_s = 320;
+    p->giveback_hold_s = 0.05;
+    p->m_base_ms = 8;
+    p->m_dec_us = 20;
+    p->m_kv_us = 0.1;
+    p->m_pf_us = 40;
+    p->slo_ttft_s = 2;
+    p->slo_tpot_s = 0.05;
+    p->weights_gb = 4;
+    p->sample_s = 0.05;
+    if (parse_args(p, argc, argv) != 0 || (p->cfg == KV_NCFG && !p->calibrate)) {
+        usage();
+        return 2;
     }
+    if (p->cfg == KV_NCFG) {
+        p->cfg = KV_CFG_STATIC; /* calibration */
+    }
+    p->grow_backoff_s *= 1e-3;
+    p->grow_backoff_max_s *= 1e-3;
     CHECK(ema_init(NULL));
-    CHECK(ema_world_rank(&rank));
-    CHECK(ema_world_size(&size));
-    ema_mem_stat_t ms = {0};
+    CHECK(ema_world_rank(&e.rank));
+    CHECK(ema_world_size(&e.nranks));
+    g_rank = e.rank;
     CHECK(ema_mem_stat(&ms));
-    size_t cap = ms.capacity / BLOCK * BLOCK; /* 2C */
-    if (size < 2 || ms.memory_kind != EMA_MEMORY_KIND_HOST || cap < 8 * BLOCK) {
-        if (rank == 0) {
-            printf("SKIP kv_serving: needs 2 or more ranks, the host kind and "
-                   "EMA_DEVICE_MEMORY of 16M or more (2 ranks %d, kind %s, capacity %zu)\n",
-                   size, ms.memory_kind == EMA_MEMORY_KIND_HOST ? "host" : "cuda", cap);
-        }
-        ema_finalize();
-        return 77;
+    e.gpu = ms.memory_kind == EMA_MEMORY_KIND_CUDA;
+    if (p->tok_bytes == 0) {
+        p->tok_bytes = e.gpu ? 131072 : 64;
     }
-    /* The load: requests of 2..8 blocks, 20..60 tokens; by default rank 0
-     * alone is offered about 3x what C can hold at once. */
-    double step_s = step_us * 1e-6, mean_steps = 40, mean_blocks = 5;
-    double c_reqs = (double)(cap / 2 / BLOCK) / mean_blocks; /* requests C holds */
-    if (rate <= 0) {
-        rate = 3.0 * c_reqs / (mean_steps * step_s) / skew;
+    if (p->kv_mem == 0) {
+        double div = p->cfg == KV_CFG_DOUBLE ? 2 : p->cfg == KV_CFG_ORACLE ? p->oracle_mult : 1;
+        p->kv_mem = (size_t)((double)ms.capacity / div);
     }
-    double my_rate = rate * ((rank == 0) ? skew : (1 - skew) / (size - 1));
-    req_t *rq = calloc(MAXREQ, sizeof(*rq));
-    double *lat = calloc(MAXREQ, sizeof(double));
-    uint64_t s = seed * 1000003u + (uint64_t)rank;
-    size_t nrq = 0;
-    for (double t = 0; nrq < MAXREQ;) {
-        t += -log(1.0 - urand(&s)) / my_rate;
-        if (t >= T) {
-            break;
-        }
-        rq[nrq].arrive = t;
-        rq[nrq].blocks = 2 + (uint32_t)(rnd(&s) % 7);
-        rq[nrq].steps  = 20 + (uint32_t)(rnd(&s) % 41);
-        nrq++;
+    if (p->cfg == KV_CFG_ELASTIC && ms.capacity > p->kv_mem + p->kv_mem / 64) {
+        fprintf(stderr, "kv_serving: elastic needs EMA_DEVICE_MEMORY = --kv-mem (%zu MiB), "
+                "has %zu MiB\n", p->kv_mem >> 20, ms.capacity >> 20);
+        return 1;
     }
-    if (rank == 0) {
-        printf("# kv_serving: %d ranks, C = %zu MiB of KV memory each (2C in double), blocks "
-               "of 2 MiB, step %.0f us, %.1f s per mode\n", size, cap / 2 >> 20, step_us, T);
-        printf("# load: %.0f requests/s, %.0f%% at rank 0 (%zu of its arrivals), requests of "
-               "2-8 blocks and 20-60 tokens\n", rate, skew * 100, nrq);
-        printf("%-8s %10s %10s %10s %10s %12s %12s %10s\n", "mode", "req/s", "r0_req/s", "p50_ms",
-               "p99_ms", "r0_borrowed", "r0_spilled", "preempted");
+    if (e.nranks > KV_MAX_RANKS || p->tok_bytes % 4 != 0) {
+        fprintf(stderr, "kv_serving: at most %d ranks; --tok-bytes a multiple of 4\n",
+                KV_MAX_RANKS);
+        return 1;
     }
-
-    double res[MODES][3];
-    /* per rank: completed, borrowed, latencies, spilled, preempted, NQ quantiles */
-    enum { NQ = 4096, HDR = 5 };
-    double *mine = calloc(HDR + NQ, sizeof(double));
-    double *all  = calloc((size_t)size * (HDR + NQ), sizeof(double));
-    double *l    = calloc((size_t)size * NQ + 1, sizeof(double));
-    for (int m = 0; m < MODES; m++) {
-        size_t nlat, borrowed, spilled, preempted;
-        size_t done = run_mode(m, rq, nrq, T, step_s, cap, lat, &nlat, &borrowed, &spilled,
-                               &preempted);
-        qsort(lat, nlat, sizeof(double), cmp_double);
-        mine[0] = (double)done;
-        mine[1] = (double)borrowed;
-        mine[2] = (double)nlat;
-        mine[3] = (double)spilled;
-        mine[4] = (double)preempted;
-        for (size_t i = 0; i < NQ; i++) {
-            mine[HDR + i] = (nlat == 0) ? 0 : lat[i * nlat / NQ]; /* quantile sample */
+    if (p->out != NULL && e.rank == 0 && kv_mkdirs(p->out) != 0) {
+        fprintf(stderr, "kv_serving: cannot create %s\n", p->out);
+        return 1;
+    }
+    if (kv_shm_open(e.rank, e.nranks) != 0) {
+        return 1;
+    }
+    e.tok_elems = (uint32_t)(p->tok_bytes / 4);
+    double c_tokens = (double)(p->kv_mem / p->tok_bytes);
+    if (kv_load_init(&e.ld, p, e.nranks, c_tokens) != 0) {
+        return 1;
+    }
+    e.rq = kv_load_arrivals(&e.ld, p, e.rank, &e.nrq);
+    if (p->calibrate && e.nrq < 64) {
+        e.rq  = realloc(e.rq, 64 * sizeof(kv_req_t));
+        memset(e.rq + e.nrq, 0, (64 - e.nrq) * sizeof(kv_req_t));
+        for (size_t i = e.nrq; i < 64; i++) {
+            e.rq[i].uid = ((uint32_t)e.rank << 24) | (uint32_t)i;
         }
-        gather(mine, HDR + NQ, all);
-        if (rank != 0) {
-            continue;
+        e.nrq = 64;
+    }
+    e.wq_cap  = e.nrq + 1;
+    e.wq      = calloc(e.wq_cap, sizeof(uint32_t));
+    e.run     = calloc(e.nrq + 1, sizeof(uint32_t));
+    e.batch   = calloc(e.nrq + 1, sizeof(uint32_t));
+    e.victims = calloc(e.nrq + 1, sizeof(uint32_t));
+    e.greq    = calloc(e.nrq + 1, sizeof(kv_gpu_req_t));
+    e.st      = kv_stats_create(p, &e.ld, e.rank);
+    if (e.gpu) {
+        uint32_t heads = e.tok_elems / 2 / 128;
+        if (heads == 0 || e.tok_elems % 256 != 0) {
+            fprintf(stderr, "kv_serving: cuda: --tok-bytes must be a multiple of 1024\n");
+            return 1;
         }
-        /* all ranks' latencies: each rank's quantile sample, thinned in
-         * proportion to how many latencies it had */
-        double total = 0, nall = 0;
-        size_t nl = 0;
-        for (int r = 0; r < size; r++) {
-            total += all[(size_t)r * (HDR + NQ)];
-            nall  += all[(size_t)r * (HDR + NQ) + 2];
+        /* a batch never has more than max_seqs requests (64 in calibration) */
+        uint32_t maxb = (uint32_t)(p->max_seqs > 64 ? p->max_seqs : 64);
+        size_t maxtab = (size_t)((p->p_max + p->o_max) / KV_BLOCK_TOKENS + 2) * maxb;
+        if (kv_gpu_init(ms.device, (size_t)(p->weights_gb * 1073741824.0), e.tok_elems, heads,
+                        maxb, (uint32_t)maxtab) != 0) {
+            fprintf(stderr, "kv_serving rank %d: %s\n", e.rank, kv_gpu_error());
+            return 1;
         }
-        for (int r = 0; r < size && nall > 0; r++) {
-            const double *a = all + (size_t)r * (HDR + NQ);
-            size_t k = (size_t)((double)NQ * a[2] / nall + 0.5);
-            for (size_t i = 0; i < k && i < NQ; i++) {
-                l[nl++] = a[HDR + i * NQ / k];
-            }
-        }
-        qsort(l, nl, sizeof(double), cmp_double);
-        res[m][0] = total / T;
-        res[m][1] = nl ? l[nl / 2] * 1e3 : 0;
-        res[m][2] = nl ? l[nl * 99 / 100] * 1e3 : 0;
-        if (per_rank) {
-            for (int r = 0; r < size; r++) {
-                const double *a = all + (size_t)r * (HDR + NQ);
-                printf("#   %s, rank %d: %.1f req/s, %.0f preempted\n", mode_name[m], r,
-                       a[0] / T, a[4]);
-            }
-        }
-        double npre = 0;
-        for (int r = 0; r < size; r++) {
-            npre += all[(size_t)r * (HDR + NQ) + 4];
-        }
-        printf("%-8s %10.1f %10.1f %10.1f %10.1f %8.0f MiB %8.0f MiB %10.0f\n", mode_name[m],
-               res[m][0], all[0] / T, res[m][1], res[m][2], all[1] / 1048576.0,
-               all[3] / 1048576.0, npre);
+    }
+    e.kc = kv_cache_create(p, e.rank, e.nranks, ms.capacity, e.st);
+    e.wm = (size_t)ceil(p->watermark * (double)kv_cache_c_blocks(e.kc));
+    if (e.rank == 0 && !p->quiet) {
+        printf("# kv_serving %s %s seed %llu: %d ranks, %s kind, C = %zu MiB = %.0f tokens, "
+               "block %zu B, step model %.1f ms + %.0f us/token + %.2f us/KV token\n",
+               kv_scn_name[p->scn], kv_cfg_name[p->cfg], (unsigned long long)p->seed, e.nranks,
+               e.gpu ? "cuda" : "host", p->kv_mem >> 20, c_tokens,
+               kv_cache_blk_bytes(e.kc), p->m_base_ms, p->m_dec_us, p->m_kv_us);
+        printf("# load: hot %.1f req/s (%.2f C), cold %.1f req/s, busy %.1f req/s; E[prompt] "
+               "%.0f, E[output] %.0f; %zu arrivals at rank 0\n", e.ld.rate_hot, p->hot_mult,
+               e.ld.rate_cold, e.ld.rate_busy, e.ld.mean_p, e.ld.mean_o, e.nrq);
         fflush(stdout);
     }
-    free(mine);
-    free(all);
-    free(l);
-    if (rank == 0) {
-        printf("# elastic / static: throughput %.2fx (goal >= 1.5), p99 %.2fx (goal <= 1.1)\n",
-               res[1][0] / res[0][0], res[1][2] / res[0][2]);
-        printf("# elastic / double: throughput %.2fx (goal >= 0.98)\n", res[1][0] / res[2][0]);
+    if (p->calibrate) {
+        calibrate(&e);
+    } else {
+        CHECK(ema_barrier());
+        if (e.rank == 0) {
+            kv_shm_set_t0(kv_now());
+        }
+        CHECK(ema_barrier());
+        e.t0 = kv_shm_t0();
+        double w0 = kv_now();
+        serve(&e);
+        double wall = kv_now() - w0, t_end = clock_now(&e);
+        kv_stats_finish(e.st, e.rq, e.nrq, t_end, e.corrupt, wall);
+        if (e.corrupt != 0) {
+            fprintf(stderr, "kv_serving rank %d: %llu corrupted K/V elements\n", e.rank,
+                    (unsigned long long)e.corrupt);
+        }
     }
-    free(rq);
-    free(lat);
+    CHECK(ema_barrier());
+    if (e.rank == 0 && p->out != NULL && !p->quiet && !p->calibrate) {
+        printf("# rank class  tokens/s  req/s  ttft_p99  tpot_p99  preempt  borrowed_max_MiB "
+               "grows refusals corrupt\n");
+        for (int r = 0; r < e.nranks; r++) {
+            char path[4200], line[2048];
+            snprintf(path, sizeof(path), "%s/summary_r%d.csv", p->out, r);
+            FILE *f = fopen(path, "r");
+            if (f == NULL) {
+                continue;
+            }
+            fgets(line, sizeof(line), f); /* header */
+            while (fgets(line, sizeof(line), f) != NULL) {
+                char *col[64];
+                int n = 0;
+                for (char *s = strtok(line, ",\n"); s && n < 64; s = strtok(NULL, ",\n")) {
+                    col[n++] = s;
+                }
+                if (n >= 43) {
+                    printf("  %4s %-6s %9s %6s %9s %9s %8s %16s %5s %8s %7s\n", col[3], col[4],
+                           col[10], col[11], col[14], col[16], col[19], col[34], col[21],
+                           col[24], col[42]);
+                }
+            }
+            fclose(f);
+        }
+    }
+    int bad = e.corrupt != 0;
+    kv_cache_destroy(e.kc);
+    if (e.gpu) {
+        kv_gpu_fini();
+    }
+    kv_stats_destroy(e.st);
+    kv_load_free(&e.ld);
+    kv_shm_close();
+    for (size_t i = 0; i < e.nrq; i++) {
+        free(e.rq[i].blk);
+    }
+    free(e.rq);
+    free(e.wq);
+    free(e.run);
+    free(e.batch);
+    free(e.victims);
+    free(e.greq);
+    free(e.gtab);
     CHECK(ema_finalize());
-    return 0;
+    return bad ? 1 : 0;
 }

@@ -11,7 +11,8 @@
  *         rank 0 holds one borrowed segment of four; the lender reclaims:
  *         the three free segments move at once, the held one once released,
  *         and rank 0's ema_progress and ema_barrier keep returning (they
- *         used to block for ever).
+ *         used to block for ever).  The reclaim callback runs once, in
+ *         rank 0's own ema_progress, and may call ema_win_stat.
  *   test_regress order        (EMA_SPILL=none, no reserve)
  *       test_lender_order_follows_current_lendable_memory
  *         lenders with 8, 32 and 16 segments lendable: the first borrow goes
@@ -30,6 +31,7 @@
  */
 #include "common.h"
 
+#include <pthread.h>
 #include <unistd.h>
 
 static size_t SEG;
@@ -158,6 +160,28 @@ static double progress_for(double secs, int flag_rank)
     return longest;
 }
 
+/* The reclaim callback (ema(7) MIGRATION): how often it ran, on which
+ * thread, and whether ema_win_stat from inside it returned (the callback
+ * runs without the window's lock). */
+static struct {
+    int       calls;
+    int       stat_ok;
+    int       other_thread;
+    pthread_t main;
+    size_t    bytes;
+} cbinfo;
+
+static void held_cb(ema_win_h win, size_t offset, size_t len, void *arg)
+{
+    ema_win_stat_t ws;
+    (void)offset;
+    (void)arg;
+    cbinfo.calls++;
+    cbinfo.bytes += len;
+    cbinfo.stat_ok += (ema_win_stat(win, &ws) == EMA_SUCCESS);
+    cbinfo.other_thread += !pthread_equal(pthread_self(), cbinfo.main);
+}
+
 static void test_recall_of_held_segment_never_blocks_progress(void)
 {
     ema_mem_stat_t st[64], m = {0};
@@ -175,6 +199,8 @@ static void test_recall_of_held_segment_never_blocks_progress(void)
         T_OK(ema_win_grow(win, size));
         fill_own(wb, 0, size, 7);
         T_OK(ema_win_acquire(win, 0, SEG)); /* the first segment, held */
+        cbinfo.main = pthread_self();
+        T_OK(ema_win_set_reclaim_cb(win, held_cb, NULL));
     }
     T_OK(ema_barrier());
     gather(st);
@@ -212,7 +238,14 @@ static void test_recall_of_held_segment_never_blocks_progress(void)
         T_OK(ema_win_stat(win, &ws));
         T_EXPECT(ws.bytes_borrowed == size, "borrowed %zu, expected %zu", ws.bytes_borrowed,
                  size);
-        T_OK(ema_win_release(win, 0, SEG));
+        /* no progress thread: the callback ran inside this thread's
+         * ema_progress, once for the recall (held range included), without
+         * the window's lock (ema_win_stat from it returned) */
+        T_EXPECT(cbinfo.calls >= 1 && cbinfo.bytes >= size && cbinfo.stat_ok == cbinfo.calls &&
+                 cbinfo.other_thread == 0, "reclaim callback: %d calls, %zu bytes, %d stats "
+                 "returned, %d on another thread", cbinfo.calls, cbinfo.bytes, cbinfo.stat_ok,
+                 cbinfo.other_thread);
+        T_OK(ema_win_release(win, 0, SEG)); /* the parked recall moves it, no second call */
     }
     own_store_u64(ctl, ctl_base, CTL_FLAG, 0);
     T_OK(ema_barrier());
@@ -236,6 +269,8 @@ static void test_recall_of_held_segment_never_blocks_progress(void)
     if (ema_t_rank == 0) {
         size_t bad = check_buf(wb, 0, size, 7);
         T_EXPECT(bad == SIZE_MAX, "owner's word at %zu wrong after the move", bad);
+        T_EXPECT(cbinfo.calls == 1, "the reclaim callback ran %d times for one recall",
+                 cbinfo.calls);
     } else {
         size_t bad = check_remote(win, 0, 0, size, 7);
         T_EXPECT(bad == SIZE_MAX, "rank %d read a wrong word at %zu after the move",
@@ -350,6 +385,12 @@ static void test_window_used_before_every_rank_knows_it(void)
         T_EXPECT(ws.bytes_local == 0, "the regrown window is %zu bytes local", ws.bytes_local);
     }
     T_OK(ema_barrier());
+    /* a peer's cached size of the part is current after a barrier that
+     * follows the grow (ema_win_size(3)) */
+    size_t seen = 0;
+    T_OK(ema_win_size(win, 0, &seen));
+    T_EXPECT(seen == size, "rank %d sees rank 0's part as %zu bytes after the barrier, not %zu",
+             ema_t_rank, seen, size);
     if (ema_t_rank != 0) {
         size_t bad = check_remote(win, 0, 0, size, 2);
         T_EXPECT(bad == SIZE_MAX, "rank %d read a wrong word at %zu of a window rank 0 moved "

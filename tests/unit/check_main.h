@@ -12,7 +12,10 @@
  * tests into their test cases, in the order they are defined (test cases
  * in the order of their first test), runs the suite (automake's harness
  * keeps Check's summary in the test's .log) and returns EXIT_SUCCESS only
- * when every test passed.
+ * when every test passed.  A test case that needs its own timeout or
+ * fixture says so before that call:
+ *
+ *   ema_check_tcase_options("init", 20, NULL, NULL);
  */
 #ifndef EMA_TESTS_CHECK_MAIN_H_
 #define EMA_TESTS_CHECK_MAIN_H_
@@ -51,6 +54,32 @@ static inline void ema_check_register(const char *tcase, const TTest *const *tes
     }                                                                          \
     START_TEST(_name)
 
+#define EMA_CHECK_MAX_OPTIONS 16
+
+static struct {
+    const char *tcase;
+    double      timeout;
+    SFun        setup, teardown;
+} ema_check_options[EMA_CHECK_MAX_OPTIONS];
+static int ema_check_noptions;
+
+/* Test case @tcase runs with timeout @timeout seconds (0: Check's default)
+ * and, where @setup or @teardown is not NULL, that checked fixture (after
+ * any fixture of ema_check_main_fixture).  Call before ema_check_main. */
+static inline void ema_check_tcase_options(const char *tcase, double timeout, SFun setup,
+                                           SFun teardown)
+{
+    if (ema_check_noptions == EMA_CHECK_MAX_OPTIONS) {
+        fprintf(stderr, "check_main.h: more than %d test case options\n", EMA_CHECK_MAX_OPTIONS);
+        abort();
+    }
+    ema_check_options[ema_check_noptions].tcase    = tcase;
+    ema_check_options[ema_check_noptions].timeout  = timeout;
+    ema_check_options[ema_check_noptions].setup    = setup;
+    ema_check_options[ema_check_noptions].teardown = teardown;
+    ema_check_noptions++;
+}
+
 /* The test case @name of @s, created and added to @s on first use. */
 static inline TCase *ema_check_tcase(Suite *s, TCase **tcs, const char **names, int *n,
                                      const char *name)
@@ -83,6 +112,20 @@ static inline int ema_check_main_fixture(const char *suite, enum print_output mo
     }
     for (int i = 0; i < ntcs && (setup != NULL || teardown != NULL); i++) {
         tcase_add_checked_fixture(tcs[i], setup, teardown);
+    }
+    for (int i = 0; i < ema_check_noptions; i++) {
+        for (int j = 0; j < ntcs; j++) {
+            if (strcmp(names[j], ema_check_options[i].tcase) != 0) {
+                continue;
+            }
+            if (ema_check_options[i].setup != NULL || ema_check_options[i].teardown != NULL) {
+                tcase_add_checked_fixture(tcs[j], ema_check_options[i].setup,
+                                          ema_check_options[i].teardown);
+            }
+            if (ema_check_options[i].timeout > 0) {
+                tcase_set_timeout(tcs[j], ema_check_options[i].timeout);
+            }
+        }
     }
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, mode);

@@ -7,6 +7,8 @@
  */
 #include <ema.h>
 
+#include "check_main.h"
+
 #include <check.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -86,7 +88,7 @@ static void assert_elastic_calls_return_state(ema_win_h w)
     }
 }
 
-START_TEST(test_elastic_calls_before_init_and_after_finalize_return_state)
+EMA_TEST("elastic", test_elastic_calls_before_init_and_after_finalize_return_state)
 {
     uint8_t *base;
     env_small();
@@ -99,7 +101,7 @@ START_TEST(test_elastic_calls_before_init_and_after_finalize_return_state)
 }
 END_TEST
 
-START_TEST(test_elastic_calls_reject_null_foreign_or_freed_window)
+EMA_TEST("elastic", test_elastic_calls_reject_null_foreign_or_freed_window)
 {
     uint8_t *base, *b2;
     ema_mem_stat_t before = {0};
@@ -127,7 +129,7 @@ START_TEST(test_elastic_calls_reject_null_foreign_or_freed_window)
 }
 END_TEST
 
-START_TEST(test_grow_past_max_size_or_below_size_and_shrink_above_size_rejected)
+EMA_TEST("elastic", test_grow_past_max_size_or_below_size_and_shrink_above_size_rejected)
 {
     uint8_t *base;
     ema_mem_stat_t before = {0};
@@ -156,7 +158,7 @@ START_TEST(test_grow_past_max_size_or_below_size_and_shrink_above_size_rejected)
 }
 END_TEST
 
-START_TEST(test_reclaim_zero_or_over_capacity_and_release_unwithheld_rejected)
+EMA_TEST("elastic", test_reclaim_zero_or_over_capacity_and_release_unwithheld_rejected)
 {
     uint8_t *base;
     ema_mem_stat_t before = {0};
@@ -177,7 +179,7 @@ START_TEST(test_reclaim_zero_or_over_capacity_and_release_unwithheld_rejected)
 }
 END_TEST
 
-START_TEST(test_acquire_release_outside_part_zero_length_or_unacquired_rejected)
+EMA_TEST("elastic", test_acquire_release_outside_part_zero_length_or_unacquired_rejected)
 {
     uint8_t *base;
     ema_mem_stat_t before = {0};
@@ -216,7 +218,7 @@ START_TEST(test_acquire_release_outside_part_zero_length_or_unacquired_rejected)
 }
 END_TEST
 
-START_TEST(test_stat_calls_reject_null_output_and_report_the_window)
+EMA_TEST("elastic", test_stat_calls_reject_null_output_and_report_the_window)
 {
     uint8_t *base;
     ema_win_stat_t ws = {0};
@@ -243,24 +245,6 @@ END_TEST
 
 int main(void)
 {
-    unsetenv("PMIX_NAMESPACE");
-    unsetenv("PMIX_SERVER_URI4");
-    unsetenv("PMIX_SERVER_URI41");
-    unsetenv("PMIX_SERVER_URI3");
-    unsetenv("PMIX_SERVER_URI2");
-    unsetenv("PMIX_SERVER_URI21");
-    Suite *s = suite_create("api_args_elastic");
-    TCase *tc = tcase_create("elastic");
-    tcase_add_test(tc, test_elastic_calls_before_init_and_after_finalize_return_state);
-    tcase_add_test(tc, test_elastic_calls_reject_null_foreign_or_freed_window);
-    tcase_add_test(tc, test_grow_past_max_size_or_below_size_and_shrink_above_size_rejected);
-    tcase_add_test(tc, test_reclaim_zero_or_over_capacity_and_release_unwithheld_rejected);
-    tcase_add_test(tc, test_acquire_release_outside_part_zero_length_or_unacquired_rejected);
-    tcase_add_test(tc, test_stat_calls_reject_null_output_and_report_the_window);
-    suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_ENV);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    ema_check_world_of_one();
+    return ema_check_main("api_args_elastic", CK_ENV);
 }

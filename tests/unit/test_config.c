@@ -4,6 +4,8 @@
  * with one clear log line. */
 #include "util/config.h"
 
+#include "check_main.h"
+
 #include <check.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -12,7 +14,7 @@
 
 #define SENT ((size_t)0x5e5e5e5e)
 
-START_TEST(test_parse_size_accepts_plain_numbers_and_suffixes)
+EMA_TEST("size", test_parse_size_accepts_plain_numbers_and_suffixes)
 {
     static const struct { const char *s; size_t v; } ok[] = {
         {"0", 0},          {"1", 1},           {"4096", 4096},
@@ -34,7 +36,7 @@ END_TEST
 /* Sizes above 1024T (2^50) are no machine's memory: they were accepted and
  * wrapped where they are counted in segments (EMA_LEND_RESERVE=8192T lent
  * everything). */
-START_TEST(test_parse_size_rejects_bad_values_and_leaves_output)
+EMA_TEST("size", test_parse_size_rejects_bad_values_and_leaves_output)
 {
     static const char *bad[] = {"",      " ",     "-1",   "+1",     "M",    "K2",   "2X",
                                 "2MM",   "2KB5",  "1.5G", "0x10",   "abc",  "2 M x", "1e3",
@@ -87,7 +89,7 @@ static void clear_env(void)
     }
 }
 
-START_TEST(test_read_fills_defaults_when_environment_is_unset)
+EMA_TEST("read", test_read_fills_defaults_when_environment_is_unset)
 {
     cfg_t c;
     memset(&c, 0xff, sizeof(c));
@@ -102,7 +104,7 @@ START_TEST(test_read_fills_defaults_when_environment_is_unset)
 }
 END_TEST
 
-START_TEST(test_read_takes_values_from_environment)
+EMA_TEST("read", test_read_takes_values_from_environment)
 {
     cfg_t c;
     clear_env();
@@ -161,7 +163,7 @@ static int count_lines(const char *s)
     return n;
 }
 
-START_TEST(test_read_bad_value_fails_with_one_line_naming_variable_and_value)
+EMA_TEST("read", test_read_bad_value_fails_with_one_line_naming_variable_and_value)
 {
     static const struct { const char *var, *val; } bad[] = {
         {"EMA_UTEST_SIZE", "12Q"},  {"EMA_UTEST_SIZE", "-5"},     {"EMA_UTEST_SEG", "autox"},
@@ -196,7 +198,7 @@ END_TEST
 /* Timeouts: nan, inf and huge values meant "no timeout" or overflowed the
  * integer they become; each is now refused with one line and the field keeps
  * its default. */
-START_TEST(test_read_double_rejects_nan_inf_negative_and_out_of_range)
+EMA_TEST("read", test_read_double_rejects_nan_inf_negative_and_out_of_range)
 {
     static const char *bad[] = {"nan", "NaN", "-nan", "inf", "-inf", "+inf", "infinity",
                                 "1e308", "1e309", "1e10", "1000000001", "-1", "-0", "-0.0",
@@ -229,7 +231,7 @@ START_TEST(test_read_double_rejects_nan_inf_negative_and_out_of_range)
 END_TEST
 
 /* Unsigned numbers: 32 bits, digits only. */
-START_TEST(test_read_uint_rejects_overflow_signs_spaces_and_garbage)
+EMA_TEST("read", test_read_uint_rejects_overflow_signs_spaces_and_garbage)
 {
     static const char *bad[] = {"4294967296", "18446744073709551616", "99999999999999999999",
                                 "-1", "-0", "+1", " 1", "1 ", "", "0x10", "1e3", "1.0", "7x"};
@@ -248,7 +250,7 @@ START_TEST(test_read_uint_rejects_overflow_signs_spaces_and_garbage)
 END_TEST
 
 /* Booleans and enums match a whole word (any case), nothing more. */
-START_TEST(test_read_bool_and_enum_reject_prefixes_suffixes_and_empty)
+EMA_TEST("read", test_read_bool_and_enum_reject_prefixes_suffixes_and_empty)
 {
     static const struct { const char *var, *val; } bad[] = {
         {"EMA_UTEST_FLAG", ""},      {"EMA_UTEST_FLAG", "ye"},   {"EMA_UTEST_FLAG", "yess"},
@@ -269,7 +271,7 @@ START_TEST(test_read_bool_and_enum_reject_prefixes_suffixes_and_empty)
 }
 END_TEST
 
-START_TEST(test_print_shows_each_variable_with_value_and_default)
+EMA_TEST("read", test_print_shows_each_variable_with_value_and_default)
 {
     cfg_t c;
     char out[8192] = "";
@@ -289,23 +291,5 @@ END_TEST
 
 int main(void)
 {
-    Suite *s = suite_create("config");
-    TCase *tc = tcase_create("size");
-    tcase_add_test(tc, test_parse_size_accepts_plain_numbers_and_suffixes);
-    tcase_add_test(tc, test_parse_size_rejects_bad_values_and_leaves_output);
-    suite_add_tcase(s, tc);
-    tc = tcase_create("read");
-    tcase_add_test(tc, test_read_fills_defaults_when_environment_is_unset);
-    tcase_add_test(tc, test_read_takes_values_from_environment);
-    tcase_add_test(tc, test_read_bad_value_fails_with_one_line_naming_variable_and_value);
-    tcase_add_test(tc, test_read_double_rejects_nan_inf_negative_and_out_of_range);
-    tcase_add_test(tc, test_read_uint_rejects_overflow_signs_spaces_and_garbage);
-    tcase_add_test(tc, test_read_bool_and_enum_reject_prefixes_suffixes_and_empty);
-    tcase_add_test(tc, test_print_shows_each_variable_with_value_and_default);
-    suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_ENV);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return ema_check_main("config", CK_ENV);
 }

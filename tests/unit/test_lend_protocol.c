@@ -22,6 +22,8 @@
  */
 #include "pool/pool_priv.h"
 
+#include "check_main.h"
+
 #include <check.h>
 #include <limits.h>
 #include <stdint.h>
@@ -460,7 +462,7 @@ static void teardown(void)
 
 /* --- borrowing ------------------------------------------------------------ */
 
-START_TEST(test_borrow_grants_up_to_lendable_and_marks_lent)
+EMA_TEST("loopback", test_borrow_grants_up_to_lendable_and_marks_lent)
 {
     ema__loc_t locs[2 * NSEGS];
     int64_t h[2 * NSEGS];
@@ -518,7 +520,7 @@ START_TEST(test_borrow_grants_up_to_lendable_and_marks_lent)
 }
 END_TEST
 
-START_TEST(test_grant_respects_reserve_and_withheld)
+EMA_TEST("reserve", test_grant_respects_reserve_and_withheld)
 {
     ema__loc_t locs[NSEGS];
     int64_t h[NSEGS];
@@ -553,7 +555,7 @@ START_TEST(test_grant_respects_reserve_and_withheld)
 }
 END_TEST
 
-START_TEST(test_borrow_asks_most_lendable_lender_first_then_the_next)
+EMA_TEST("loopback", test_borrow_asks_most_lendable_lender_first_then_the_next)
 {
     ema__loc_t locs[2 * NSEGS];
     int64_t h[2 * NSEGS];
@@ -577,7 +579,7 @@ END_TEST
 
 /* --- giving back ----------------------------------------------------------- */
 
-START_TEST(test_giveback_frees_lent_segments)
+EMA_TEST("loopback", test_giveback_frees_lent_segments)
 {
     ema__loc_t locs[NSEGS];
     int64_t h[NSEGS];
@@ -615,7 +617,7 @@ START_TEST(test_giveback_frees_lent_segments)
 }
 END_TEST
 
-START_TEST(test_giveback_of_segment_not_lent_is_rejected_and_changes_nothing)
+EMA_TEST("loopback", test_giveback_of_segment_not_lent_is_rejected_and_changes_nothing)
 {
     ema__loc_t locs[NSEGS];
     int64_t h[NSEGS];
@@ -650,7 +652,7 @@ END_TEST
 
 /* --- reclaiming ------------------------------------------------------------ */
 
-START_TEST(test_recall_then_giveback_completes_reclaim)
+EMA_TEST("loopback", test_recall_then_giveback_completes_reclaim)
 {
     ema__pool_t *l = &side[L].pool;
     int withheld = -1;
@@ -687,7 +689,7 @@ START_TEST(test_recall_then_giveback_completes_reclaim)
 }
 END_TEST
 
-START_TEST(test_reclaim_for_self_makes_returned_segments_usable)
+EMA_TEST("loopback", test_reclaim_for_self_makes_returned_segments_usable)
 {
     ema__loc_t locs[NSEGS];
     int64_t h[NSEGS];
@@ -705,7 +707,7 @@ START_TEST(test_reclaim_for_self_makes_returned_segments_usable)
 }
 END_TEST
 
-START_TEST(test_refuse_ends_recall_with_no_memory)
+EMA_TEST("loopback", test_refuse_ends_recall_with_no_memory)
 {
     ema__pool_t *l = &side[L].pool;
     int withheld = -1;
@@ -738,7 +740,7 @@ START_TEST(test_refuse_ends_recall_with_no_memory)
 }
 END_TEST
 
-START_TEST(test_silent_borrower_times_out_reclaim_and_late_giveback_clears_it)
+EMA_TEST("loopback", test_silent_borrower_times_out_reclaim_and_late_giveback_clears_it)
 {
     ema__pool_t *l = &side[L].pool;
     int withheld = -1;
@@ -766,7 +768,7 @@ END_TEST
 
 /* --- advertisements -------------------------------------------------------- */
 
-START_TEST(test_advert_updates_peer_lendable)
+EMA_TEST("loopback", test_advert_updates_peer_lendable)
 {
     use_own(L, 3);
     expect_sent(0, L, B, EMA_POOL_MSG_ADVERT, 0);
@@ -791,7 +793,7 @@ END_TEST
 
 /* --- malformed messages ------------------------------------------------------ */
 
-START_TEST(test_malformed_messages_are_dropped_and_change_nothing)
+EMA_TEST("loopback", test_malformed_messages_are_dropped_and_change_nothing)
 {
     ema__loc_t locs[NSEGS];
     int64_t h[NSEGS];
@@ -907,7 +909,7 @@ END_TEST
 /* A borrower whose GRANT is mangled wakes with nothing, and tracks nothing:
  * it never maps memory it was not properly granted.  (The lender's
  * segments stay lent to it: the lender cannot know.) */
-START_TEST(test_malformed_grant_wakes_borrower_with_nothing)
+EMA_TEST("loopback", test_malformed_grant_wakes_borrower_with_nothing)
 {
     static const int tampers[] = {TAMPER_TRUNCATE, TAMPER_COUNT_OVER_WANT,
                                   TAMPER_SEG_OUT_OF_RANGE, TAMPER_LEFT_OVER_ARENA};
@@ -926,7 +928,7 @@ START_TEST(test_malformed_grant_wakes_borrower_with_nothing)
 }
 END_TEST
 
-START_TEST(test_grant_from_another_rank_or_twice_is_dropped)
+EMA_TEST("loopback", test_grant_from_another_rank_or_twice_is_dropped)
 {
     ema__loc_t locs[NSEGS];
     int64_t h[NSEGS];
@@ -951,31 +953,7 @@ END_TEST
 
 int main(void)
 {
-    Suite *s = suite_create("lend_protocol");
-    TCase *tc = tcase_create("loopback");
-    tcase_add_checked_fixture(tc, setup, teardown);
-    tcase_set_timeout(tc, 30);
-    tcase_add_test(tc, test_borrow_grants_up_to_lendable_and_marks_lent);
-    tcase_add_test(tc, test_borrow_asks_most_lendable_lender_first_then_the_next);
-    tcase_add_test(tc, test_giveback_frees_lent_segments);
-    tcase_add_test(tc, test_giveback_of_segment_not_lent_is_rejected_and_changes_nothing);
-    tcase_add_test(tc, test_recall_then_giveback_completes_reclaim);
-    tcase_add_test(tc, test_reclaim_for_self_makes_returned_segments_usable);
-    tcase_add_test(tc, test_refuse_ends_recall_with_no_memory);
-    tcase_add_test(tc, test_silent_borrower_times_out_reclaim_and_late_giveback_clears_it);
-    tcase_add_test(tc, test_advert_updates_peer_lendable);
-    tcase_add_test(tc, test_malformed_messages_are_dropped_and_change_nothing);
-    tcase_add_test(tc, test_malformed_grant_wakes_borrower_with_nothing);
-    tcase_add_test(tc, test_grant_from_another_rank_or_twice_is_dropped);
-    suite_add_tcase(s, tc);
-    TCase *tr = tcase_create("reserve");
-    tcase_add_checked_fixture(tr, setup_reserve, teardown);
-    tcase_set_timeout(tr, 30);
-    tcase_add_test(tr, test_grant_respects_reserve_and_withheld);
-    suite_add_tcase(s, tr);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_ENV);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    ema_check_tcase_options("loopback", 30, setup, teardown);
+    ema_check_tcase_options("reserve", 30, setup_reserve, teardown);
+    return ema_check_main("lend_protocol", CK_ENV);
 }

@@ -15,6 +15,8 @@
 #include "mem/mem.h"
 #include "win/win.h"
 
+#include "check_main.h"
+
 #include <check.h>
 #include <fcntl.h>
 #include <stdint.h>
@@ -98,7 +100,7 @@ static void assert_not_initialised(void)
 
 /* --- ema_win_allocate ----------------------------------------------------- */
 
-START_TEST(test_win_allocate_over_segment_limit_rejected_with_one_line)
+EMA_TEST("win_allocate", test_win_allocate_over_segment_limit_rejected_with_one_line)
 {
     static const struct { size_t size, max; const char *name; } bad[] = {
         {4096, (size_t)1 << 44, "max_size"},                  /* 2^32 segments: wrapped to 0 */
@@ -127,7 +129,7 @@ START_TEST(test_win_allocate_over_segment_limit_rejected_with_one_line)
 }
 END_TEST
 
-START_TEST(test_win_allocate_at_segment_limit_works_to_its_end)
+EMA_TEST("win_allocate", test_win_allocate_at_segment_limit_works_to_its_end)
 {
     size_t max = (size_t)EMA_WIN_MAX_SEGS << 12; /* 1T of 4K segments */
     ema_win_params_t p = {.field_mask = EMA_WIN_PARAM_FIELD_MAX_SIZE, .max_size = max};
@@ -156,7 +158,7 @@ END_TEST
 
 /* --- ema_init: memory against the machine --------------------------------- */
 
-START_TEST(test_init_host_memory_above_machine_refused_then_init_works)
+EMA_TEST("init", test_init_host_memory_above_machine_refused_then_init_works)
 {
     const char *what;
     size_t limit = ema__mem_host_limit(&what);
@@ -204,7 +206,7 @@ START_TEST(test_init_host_memory_above_machine_refused_then_init_works)
 }
 END_TEST
 
-START_TEST(test_init_memory_of_too_many_segments_refused_then_init_works)
+EMA_TEST("init", test_init_memory_of_too_many_segments_refused_then_init_works)
 {
     static const struct { const char *var, *val; } bad[] = {
         {"EMA_DEVICE_MEMORY", "2T"},   /* 2^29 segments of 4K */
@@ -234,7 +236,7 @@ END_TEST
 /* EMA_LEND_RESERVE=8192T wrapped to 0 segments and lent everything; now it
  * is refused, and a reserve over the capacity that is a valid size (1024T
  * with 4K segments: 2^38 segments, wrapping too) means "lend nothing". */
-START_TEST(test_init_lend_reserve_over_capacity_lends_nothing_and_8192T_refused)
+EMA_TEST("init", test_init_lend_reserve_over_capacity_lends_nothing_and_8192T_refused)
 {
     ema_mem_stat_t m;
     env_small("4K");
@@ -256,7 +258,7 @@ START_TEST(test_init_lend_reserve_over_capacity_lends_nothing_and_8192T_refused)
 }
 END_TEST
 
-START_TEST(test_init_timeouts_not_finite_or_out_of_range_refused)
+EMA_TEST("init", test_init_timeouts_not_finite_or_out_of_range_refused)
 {
     static const struct { const char *var, *val; } bad[] = {
         {"EMA_RECLAIM_TIMEOUT", "nan"}, {"EMA_RECLAIM_TIMEOUT", "inf"},
@@ -314,7 +316,7 @@ static uint64_t limit_of(const char *self)
     return ema__mem_cgroup_limit(path, root);
 }
 
-START_TEST(test_cgroup_limit_is_the_lowest_of_a_cgroup_and_its_ancestors)
+EMA_TEST("machine", test_cgroup_limit_is_the_lowest_of_a_cgroup_and_its_ancestors)
 {
     snprintf(tree, sizeof(tree), "/tmp/ema-test-cgroup.XXXXXX");
     ck_assert_ptr_nonnull(mkdtemp(tree));
@@ -351,7 +353,7 @@ START_TEST(test_cgroup_limit_is_the_lowest_of_a_cgroup_and_its_ancestors)
 }
 END_TEST
 
-START_TEST(test_host_limit_is_at_most_physical_memory)
+EMA_TEST("machine", test_host_limit_is_at_most_physical_memory)
 {
     const char *what = NULL;
     size_t limit = ema__mem_host_limit(&what);
@@ -366,25 +368,6 @@ END_TEST
 
 int main(void)
 {
-    Suite *s = suite_create("limits");
-    TCase *tc = tcase_create("win_allocate");
-    tcase_add_test(tc, test_win_allocate_over_segment_limit_rejected_with_one_line);
-    tcase_add_test(tc, test_win_allocate_at_segment_limit_works_to_its_end);
-    suite_add_tcase(s, tc);
-    tc = tcase_create("init");
-    tcase_set_timeout(tc, 20);
-    tcase_add_test(tc, test_init_host_memory_above_machine_refused_then_init_works);
-    tcase_add_test(tc, test_init_memory_of_too_many_segments_refused_then_init_works);
-    tcase_add_test(tc, test_init_lend_reserve_over_capacity_lends_nothing_and_8192T_refused);
-    tcase_add_test(tc, test_init_timeouts_not_finite_or_out_of_range_refused);
-    suite_add_tcase(s, tc);
-    tc = tcase_create("machine");
-    tcase_add_test(tc, test_cgroup_limit_is_the_lowest_of_a_cgroup_and_its_ancestors);
-    tcase_add_test(tc, test_host_limit_is_at_most_physical_memory);
-    suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_ENV);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    ema_check_tcase_options("init", 20, NULL, NULL);
+    return ema_check_main("limits", CK_ENV);
 }

@@ -7,6 +7,8 @@
  */
 #include <ema.h>
 
+#include "check_main.h"
+
 #include <check.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -56,7 +58,7 @@ static int untouched(const void *p, size_t from, size_t to)
 #define FIELD_UNTOUCHED(s, f) untouched(&(s), offsetof(__typeof__(s), f), \
                                         offsetof(__typeof__(s), f) + sizeof((s).f))
 
-START_TEST(test_stat_field_bits_and_layout_never_change)
+EMA_TEST("field_mask", test_stat_field_bits_and_layout_never_change)
 {
     ck_assert_uint_eq(offsetof(ema_win_stat_t, field_mask), 0);
     ck_assert_uint_eq(offsetof(ema_mem_stat_t, field_mask), 0);
@@ -91,7 +93,7 @@ START_TEST(test_stat_field_bits_and_layout_never_change)
 }
 END_TEST
 
-START_TEST(test_win_stat_zero_mask_fills_every_field_and_reports_them)
+EMA_TEST("field_mask", test_win_stat_zero_mask_fills_every_field_and_reports_them)
 {
     ema_win_stat_t ws;
     memset(&ws, JUNK, sizeof(ws));
@@ -109,7 +111,7 @@ START_TEST(test_win_stat_zero_mask_fills_every_field_and_reports_them)
 }
 END_TEST
 
-START_TEST(test_win_stat_ignores_field_mask_on_input_and_fills_every_field)
+EMA_TEST("field_mask", test_win_stat_ignores_field_mask_on_input_and_fills_every_field)
 {
     /* an uninitialised struct (junk in field_mask) gets every field */
     static const uint64_t inputs[] = {EMA_WIN_STAT_FIELD_SIZE, (1ull << 63) | (1ull << 7),
@@ -132,7 +134,7 @@ START_TEST(test_win_stat_ignores_field_mask_on_input_and_fills_every_field)
 }
 END_TEST
 
-START_TEST(test_win_stat_failure_leaves_field_mask_alone)
+EMA_TEST("field_mask", test_win_stat_failure_leaves_field_mask_alone)
 {
     ema_win_stat_t ws;
     memset(&ws, JUNK, sizeof(ws));
@@ -143,7 +145,7 @@ START_TEST(test_win_stat_failure_leaves_field_mask_alone)
 }
 END_TEST
 
-START_TEST(test_mem_stat_zero_mask_fills_every_field_and_reports_them)
+EMA_TEST("field_mask", test_mem_stat_zero_mask_fills_every_field_and_reports_them)
 {
     ema_mem_stat_t ms;
     memset(&ms, JUNK, sizeof(ms));
@@ -171,7 +173,7 @@ START_TEST(test_mem_stat_zero_mask_fills_every_field_and_reports_them)
 }
 END_TEST
 
-START_TEST(test_mem_stat_ignores_field_mask_on_input_and_fills_every_field)
+EMA_TEST("field_mask", test_mem_stat_ignores_field_mask_on_input_and_fills_every_field)
 {
     ema_mem_stat_t ms, all = {0};
     memset(&ms, JUNK, sizeof(ms));
@@ -191,25 +193,6 @@ END_TEST
 
 int main(void)
 {
-    unsetenv("PMIX_NAMESPACE");
-    unsetenv("PMIX_SERVER_URI4");
-    unsetenv("PMIX_SERVER_URI41");
-    unsetenv("PMIX_SERVER_URI3");
-    unsetenv("PMIX_SERVER_URI2");
-    unsetenv("PMIX_SERVER_URI21");
-    Suite *s = suite_create("stat_fields");
-    TCase *tc = tcase_create("field_mask");
-    tcase_add_test(tc, test_stat_field_bits_and_layout_never_change);
-    tcase_add_checked_fixture(tc, setup, teardown);
-    tcase_add_test(tc, test_win_stat_zero_mask_fills_every_field_and_reports_them);
-    tcase_add_test(tc, test_win_stat_ignores_field_mask_on_input_and_fills_every_field);
-    tcase_add_test(tc, test_win_stat_failure_leaves_field_mask_alone);
-    tcase_add_test(tc, test_mem_stat_zero_mask_fills_every_field_and_reports_them);
-    tcase_add_test(tc, test_mem_stat_ignores_field_mask_on_input_and_fills_every_field);
-    suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_ENV);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    ema_check_world_of_one();
+    return ema_check_main_fixture("stat_fields", CK_ENV, setup, teardown);
 }

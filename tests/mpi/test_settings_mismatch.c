@@ -15,6 +15,7 @@
  * ema_init, to take its odd value.  The script passes the common values.
  */
 #include "common.h"
+#include "../unit/log_capture.h"
 
 #include <fcntl.h>
 
@@ -22,35 +23,19 @@
 static ema_status_t init_capturing(char *log, size_t max, double *secs_p)
 {
     char path[] = "/tmp/ema-test-mismatch.XXXXXX";
-    int fd = mkstemp(path), saved = dup(STDERR_FILENO);
-    if (fd < 0 || saved < 0) {
+    ema_log_capture_t cap;
+    if (ema_log_capture_begin(&cap, path) != 0) {
         fprintf(stderr, "FAIL: mkstemp/dup: %m\n");
         exit(1);
     }
-    unlink(path);
-    fflush(stderr);
-    dup2(fd, STDERR_FILENO);
     double t0 = t_now();
     ema_status_t s = ema_init(NULL);
     *secs_p = t_now() - t0;
-    fflush(stderr);
-    dup2(saved, STDERR_FILENO);
-    close(saved);
-    ssize_t n = pread(fd, log, max - 1, 0);
-    log[n > 0 ? n : 0] = '\0';
-    close(fd);
-    fputs(log, stderr); /* for the test's log */
+    ema_log_capture_end(&cap, log, max, 1); /* for the test's log */
     return s;
 }
 
-static int count_lines(const char *s)
-{
-    int n = 0;
-    for (; *s; s++) {
-        n += (*s == '\n');
-    }
-    return n;
-}
+#define count_lines ema_count_lines
 
 int main(int argc, char **argv)
 {

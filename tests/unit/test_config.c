@@ -5,6 +5,7 @@
 #include "util/config.h"
 
 #include "check_main.h"
+#include "log_capture.h"
 
 #include <check.h>
 #include <stdint.h>
@@ -140,28 +141,14 @@ END_TEST
 static ema_status_t read_capturing(cfg_t *c, char *log, size_t max)
 {
     char path[] = "/tmp/ema-test-config.XXXXXX";
-    int fd = mkstemp(path), saved = dup(STDERR_FILENO);
-    ck_assert_int_ge(fd, 0);
-    unlink(path);
-    dup2(fd, STDERR_FILENO);
+    ema_log_capture_t cap;
+    ck_assert_int_eq(ema_log_capture_begin(&cap, path), 0);
     ema_status_t s = ema__config_read(table, c);
-    fflush(stderr);
-    dup2(saved, STDERR_FILENO);
-    close(saved);
-    ssize_t n = pread(fd, log, max - 1, 0);
-    log[n > 0 ? n : 0] = '\0';
-    close(fd);
+    ema_log_capture_end(&cap, log, max, 0);
     return s;
 }
 
-static int count_lines(const char *s)
-{
-    int n = 0;
-    for (; *s; s++) {
-        n += (*s == '\n');
-    }
-    return n;
-}
+#define count_lines ema_count_lines
 
 EMA_TEST("read", test_read_bad_value_fails_with_one_line_naming_variable_and_value)
 {

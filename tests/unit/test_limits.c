@@ -16,6 +16,7 @@
 #include "win/win.h"
 
 #include "check_main.h"
+#include "log_capture.h"
 
 #include <check.h>
 #include <fcntl.h>
@@ -40,40 +41,22 @@ static void env_small(const char *seg)
 }
 
 /* stderr goes to a file between begin and end; end returns what was written. */
-static int cap_fd = -1, cap_saved = -1;
+static ema_log_capture_t cap;
 
 static void capture_begin(void)
 {
     char path[] = "/tmp/ema-test-limits.XXXXXX";
-    cap_fd    = mkstemp(path);
-    cap_saved = dup(STDERR_FILENO);
-    ck_assert_int_ge(cap_fd, 0);
-    unlink(path);
-    fflush(stderr);
-    dup2(cap_fd, STDERR_FILENO);
+    ck_assert_int_eq(ema_log_capture_begin(&cap, path), 0);
 }
 
 static const char *capture_end(void)
 {
     static char log[8192];
-    fflush(stderr);
-    dup2(cap_saved, STDERR_FILENO);
-    close(cap_saved);
-    ssize_t n = pread(cap_fd, log, sizeof(log) - 1, 0);
-    log[n > 0 ? n : 0] = '\0';
-    close(cap_fd);
-    fputs(log, stderr); /* into the test's log too */
+    ema_log_capture_end(&cap, log, sizeof(log), 1); /* into the test's log too */
     return log;
 }
 
-static int count_lines(const char *s)
-{
-    int n = 0;
-    for (; *s; s++) {
-        n += (*s == '\n');
-    }
-    return n;
-}
+#define count_lines ema_count_lines
 
 /* One line, naming @what. */
 static void assert_one_line_naming(const char *log, const char *what)

@@ -45,6 +45,16 @@ static ema_win_h win_with_pattern(uint8_t **base_p)
     return w;
 }
 
+/* ema_init, a window of the pattern, and the memory's statistics then. */
+static ema_win_h init_with_pattern(uint8_t **base_p, ema_mem_stat_t *before)
+{
+    env_small();
+    ck_assert_int_eq(ema_init(NULL), EMA_SUCCESS);
+    ema_win_h w = win_with_pattern(base_p);
+    ck_assert_int_eq(ema_mem_stat(before), EMA_SUCCESS);
+    return w;
+}
+
 static void assert_unchanged(ema_win_h w, const uint8_t *base, const ema_mem_stat_t *before)
 {
     size_t sz = 0;
@@ -133,10 +143,7 @@ EMA_TEST("elastic", test_grow_past_max_size_or_below_size_and_shrink_above_size_
 {
     uint8_t *base;
     ema_mem_stat_t before = {0};
-    env_small();
-    ck_assert_int_eq(ema_init(NULL), EMA_SUCCESS);
-    ema_win_h w = win_with_pattern(&base);
-    ck_assert_int_eq(ema_mem_stat(&before), EMA_SUCCESS);
+    ema_win_h w = init_with_pattern(&base, &before);
     ck_assert_int_eq(ema_win_grow(w, MAXSIZE + 1), EMA_ERR_INVALID_PARAM);
     ck_assert_int_eq(ema_win_grow(w, SIZE_MAX), EMA_ERR_INVALID_PARAM);
     ck_assert_int_eq(ema_win_grow(w, WSIZE - 1), EMA_ERR_INVALID_PARAM);
@@ -162,10 +169,7 @@ EMA_TEST("elastic", test_reclaim_zero_or_over_capacity_and_release_unwithheld_re
 {
     uint8_t *base;
     ema_mem_stat_t before = {0};
-    env_small();
-    ck_assert_int_eq(ema_init(NULL), EMA_SUCCESS);
-    ema_win_h w = win_with_pattern(&base);
-    ck_assert_int_eq(ema_mem_stat(&before), EMA_SUCCESS);
+    ema_win_h w = init_with_pattern(&base, &before);
     ck_assert_int_eq(ema_reclaim(0, EMA_TIMEOUT_INFINITE), EMA_ERR_INVALID_PARAM);
     ck_assert_int_eq(ema_reclaim(before.capacity + 1, 1000), EMA_ERR_INVALID_PARAM);
     ck_assert_int_eq(ema_reclaim(SIZE_MAX, 1000), EMA_ERR_INVALID_PARAM);
@@ -183,10 +187,7 @@ EMA_TEST("elastic", test_acquire_release_outside_part_zero_length_or_unacquired_
 {
     uint8_t *base;
     ema_mem_stat_t before = {0};
-    env_small();
-    ck_assert_int_eq(ema_init(NULL), EMA_SUCCESS);
-    ema_win_h w = win_with_pattern(&base);
-    ck_assert_int_eq(ema_mem_stat(&before), EMA_SUCCESS);
+    ema_win_h w = init_with_pattern(&base, &before);
     ck_assert_int_eq(ema_win_acquire(w, WSIZE, 1), EMA_ERR_RANGE);
     ck_assert_int_eq(ema_win_acquire(w, 0, WSIZE + 1), EMA_ERR_RANGE);
     ck_assert_int_eq(ema_win_acquire(w, SIZE_MAX, 1), EMA_ERR_RANGE);

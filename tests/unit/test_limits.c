@@ -65,6 +65,21 @@ static void assert_one_line_naming(const char *log, const char *what)
     ck_assert_msg(strstr(log, what) != NULL, "the line does not name %s: %s", what, log);
 }
 
+static void assert_not_initialised(void);
+
+/* ema_init with @var=@val refused, in one line naming @var, and nothing
+ * initialised. */
+static void assert_init_refused(const char *var, const char *val)
+{
+    setenv(var, val, 1);
+    capture_begin();
+    ema_status_t s = ema_init(NULL);
+    const char *log = capture_end();
+    ck_assert_msg(s == EMA_ERR_INVALID_PARAM, "%s=%s gave %d (%s)", var, val, s, ema_strerror(s));
+    assert_one_line_naming(log, var);
+    assert_not_initialised();
+}
+
 /* The whole capacity is still free: one window of all of it fits. */
 static void assert_capacity_free(void)
 {
@@ -198,14 +213,7 @@ EMA_TEST("init", test_init_memory_of_too_many_segments_refused_then_init_works)
     };
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         env_small("4K");
-        setenv(bad[i].var, bad[i].val, 1);
-        capture_begin();
-        ema_status_t s = ema_init(NULL);
-        const char *log = capture_end();
-        ck_assert_msg(s == EMA_ERR_INVALID_PARAM, "%s=%s gave %d (%s)", bad[i].var, bad[i].val,
-                      s, ema_strerror(s));
-        assert_one_line_naming(log, bad[i].var);
-        assert_not_initialised();
+        assert_init_refused(bad[i].var, bad[i].val);
     }
     /* no spill tier: its size is not used, so not refused */
     env_small("4K");
@@ -250,14 +258,7 @@ EMA_TEST("init", test_init_timeouts_not_finite_or_out_of_range_refused)
         {"EMA_BOOT_TIMEOUT", "1e10"},   {"EMA_BOOT_TIMEOUT", "nan"}};
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         env_small("64K");
-        setenv(bad[i].var, bad[i].val, 1);
-        capture_begin();
-        ema_status_t s = ema_init(NULL);
-        const char *log = capture_end();
-        ck_assert_msg(s == EMA_ERR_INVALID_PARAM, "%s=%s gave %d (%s)", bad[i].var, bad[i].val,
-                      s, ema_strerror(s));
-        assert_one_line_naming(log, bad[i].var);
-        assert_not_initialised();
+        assert_init_refused(bad[i].var, bad[i].val);
         unsetenv(bad[i].var);
     }
     env_small("64K");

@@ -58,6 +58,21 @@ static int untouched(const void *p, size_t from, size_t to)
 #define FIELD_UNTOUCHED(s, f) untouched(&(s), offsetof(__typeof__(s), f), \
                                         offsetof(__typeof__(s), f) + sizeof((s).f))
 
+/* Every field of @wsp filled, as the window of setup has them. */
+static void assert_win_stat_filled(const ema_win_stat_t *wsp)
+{
+    const ema_win_stat_t ws = *wsp;
+    ck_assert_uint_eq(ws.field_mask, WIN_ALL);
+    ck_assert_uint_eq(ws.size, WSIZE);
+    ck_assert_uint_ge(ws.max_size, MAXSIZE);
+    ck_assert_uint_eq(ws.bytes_local, WSIZE);
+    ck_assert_uint_eq(ws.bytes_borrowed, 0);
+    ck_assert_uint_eq(ws.bytes_spilled, 0);
+    ck_assert_uint_eq(ws.migrations, 0);
+    ck_assert_uint_eq(ws.bytes_wanted, 0);
+    ck_assert(FIELD_UNTOUCHED(ws, reserved));
+}
+
 EMA_TEST("field_mask", test_stat_field_bits_and_layout_never_change)
 {
     ck_assert_uint_eq(offsetof(ema_win_stat_t, field_mask), 0);
@@ -99,15 +114,7 @@ EMA_TEST("field_mask", test_win_stat_zero_mask_fills_every_field_and_reports_the
     memset(&ws, JUNK, sizeof(ws));
     ws.field_mask = 0;
     ck_assert_int_eq(ema_win_stat(win, &ws), EMA_SUCCESS);
-    ck_assert_uint_eq(ws.field_mask, WIN_ALL);
-    ck_assert_uint_eq(ws.size, WSIZE);
-    ck_assert_uint_ge(ws.max_size, MAXSIZE);
-    ck_assert_uint_eq(ws.bytes_local, WSIZE);
-    ck_assert_uint_eq(ws.bytes_borrowed, 0);
-    ck_assert_uint_eq(ws.bytes_spilled, 0);
-    ck_assert_uint_eq(ws.migrations, 0);
-    ck_assert_uint_eq(ws.bytes_wanted, 0);
-    ck_assert(FIELD_UNTOUCHED(ws, reserved));
+    assert_win_stat_filled(&ws);
 }
 END_TEST
 
@@ -121,15 +128,7 @@ EMA_TEST("field_mask", test_win_stat_ignores_field_mask_on_input_and_fills_every
         memset(&ws, JUNK, sizeof(ws));
         ws.field_mask = inputs[k];
         ck_assert_int_eq(ema_win_stat(win, &ws), EMA_SUCCESS);
-        ck_assert_uint_eq(ws.field_mask, WIN_ALL);
-        ck_assert_uint_eq(ws.size, WSIZE);
-        ck_assert_uint_ge(ws.max_size, MAXSIZE);
-        ck_assert_uint_eq(ws.bytes_local, WSIZE);
-        ck_assert_uint_eq(ws.bytes_borrowed, 0);
-        ck_assert_uint_eq(ws.bytes_spilled, 0);
-        ck_assert_uint_eq(ws.migrations, 0);
-        ck_assert_uint_eq(ws.bytes_wanted, 0);
-        ck_assert(FIELD_UNTOUCHED(ws, reserved));
+        assert_win_stat_filled(&ws);
     }
 }
 END_TEST

@@ -150,6 +150,18 @@ static ema_status_t read_capturing(cfg_t *c, char *log, size_t max)
 
 #define count_lines ema_count_lines
 
+/* With only @var=@val set, reading fails, logging one line into @log. */
+static void read_refused_in_one_line(const char *var, const char *val, char *log, size_t max)
+{
+    cfg_t c;
+    clear_env();
+    setenv(var, val, 1);
+    ck_assert_msg(read_capturing(&c, log, max) == EMA_ERR_INVALID_PARAM, "%s='%s' accepted", var,
+                  val);
+    ck_assert_msg(count_lines(log) == 1, "%s='%s' logged %d lines: %s", var, val,
+                  count_lines(log), log);
+}
+
 EMA_TEST("read", test_read_bad_value_fails_with_one_line_naming_variable_and_value)
 {
     static const struct { const char *var, *val; } bad[] = {
@@ -159,13 +171,7 @@ EMA_TEST("read", test_read_bad_value_fails_with_one_line_naming_variable_and_val
         {"EMA_UTEST_SIZE", "8192T"}, {"EMA_UTEST_MODE", "turbo"}};
     char log[4096];
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
-        cfg_t c;
-        clear_env();
-        setenv(bad[i].var, bad[i].val, 1);
-        ck_assert_msg(read_capturing(&c, log, sizeof(log)) == EMA_ERR_INVALID_PARAM,
-                      "%s=%s accepted", bad[i].var, bad[i].val);
-        ck_assert_msg(count_lines(log) == 1, "%s=%s logged %d lines: %s", bad[i].var,
-                      bad[i].val, count_lines(log), log);
+        read_refused_in_one_line(bad[i].var, bad[i].val, log, sizeof(log));
         ck_assert_msg(strstr(log, bad[i].var) != NULL, "log does not name %s: %s", bad[i].var,
                       log);
         ck_assert_msg(strstr(log, bad[i].val) != NULL, "log does not show '%s': %s",
@@ -247,13 +253,7 @@ EMA_TEST("read", test_read_bool_and_enum_reject_prefixes_suffixes_and_empty)
         {"EMA_UTEST_SEG", ""},       {"EMA_UTEST_SEG", "autox"}, {"EMA_UTEST_SEG", "2048T"}};
     char log[4096];
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
-        cfg_t c;
-        clear_env();
-        setenv(bad[i].var, bad[i].val, 1);
-        ck_assert_msg(read_capturing(&c, log, sizeof(log)) == EMA_ERR_INVALID_PARAM,
-                      "%s='%s' accepted", bad[i].var, bad[i].val);
-        ck_assert_msg(count_lines(log) == 1, "%s='%s' logged %d lines: %s", bad[i].var,
-                      bad[i].val, count_lines(log), log);
+        read_refused_in_one_line(bad[i].var, bad[i].val, log, sizeof(log));
     }
 }
 END_TEST

@@ -36,18 +36,30 @@ EMA_EXPORT ema_status_t ema_win_free(ema_win_h win)
     return status;
 }
 
-EMA_EXPORT ema_status_t ema_win_grow(ema_win_h win, size_t new_size)
+/* A live window, and a new size of its own part that grows it (@grow) or
+ * shrinks it: EMA_ERR_INVALID_PARAM otherwise. */
+static ema_status_t win_resize_check(ema_win_h win, size_t new_size, int grow)
 {
     ema_status_t status = ema__win_check_live(win);
+    if (status != EMA_SUCCESS) {
+        return status;
+    }
+    size_t cur = atomic_load(&win->parts[win->ctx->rank].size);
+    if (grow ? (new_size > win->reserved || new_size < cur) : new_size > cur) {
+        return EMA_ERR_INVALID_PARAM;
+    }
+    return EMA_SUCCESS;
+}
+
+EMA_EXPORT ema_status_t ema_win_grow(ema_win_h win, size_t new_size)
+{
+    ema_status_t status = win_resize_check(win, new_size, 1);
     if (status != EMA_SUCCESS) {
         return status;
     }
     ema__win_ctx_t *ctx   = win->ctx;
     ema__win_part_t *part = &win->parts[ctx->rank];
     size_t seg = ctx->seg_size;
-    if (new_size > win->reserved || new_size < atomic_load(&part->size)) {
-        return EMA_ERR_INVALID_PARAM;
-    }
 
     /* Find the memory first, without holding the window: reclaiming and
      * borrowing wait on peers, whose migrations may need this window. */
@@ -199,18 +211,24 @@ out:
     free(hdls);
 }
 
+static ema_status_t win_shrink(ema_win_h win, size_t new_size);
+
 EMA_EXPORT ema_status_t ema_win_shrink(ema_win_h win, size_t new_size)
 {
-    ema_status_t status = ema__win_check_live(win);
-    if (status != EMA_SUCCESS) {
-        return status;
+    ema_status_t status = win_resize_check(win, new_size, 0);
+    if (status == EMA_SUCCESS) {
+        status = win_shrink(win, new_size);
     }
+    return status;
+}
+
+/* ema_win_shrink, its arguments checked. */
+static ema_status_t win_shrink(ema_win_h win, size_t new_size)
+{
     ema__win_ctx_t *ctx   = win->ctx;
     ema__win_part_t *part = &win->parts[ctx->rank];
-    size_t seg = ctx->seg_size;
-    if (new_size > atomic_load(&part->size)) {
-        return EMA_ERR_INVALID_PARAM;
-    }
+    size_t seg            = ctx->seg_size;
+    ema_status_t status;
 
     pthread_mutex_lock(&win->lock);
     uint32_t cur  = atomic_load(&part->nsegs);

@@ -394,8 +394,9 @@ EMA_EXPORT ema_status_t ema_get(ema_win_h win, int rank, size_t offset, void *bu
     return rma_blocking(win, EMA_OP_GET, rank, offset, buf, len);
 }
 
-EMA_EXPORT ema_status_t ema_put_nb(ema_win_h win, int rank, size_t offset, const void *buf,
-                                   size_t len, ema_request_h *req_p)
+/* The non-blocking forms: the same checks, then the operation. */
+static ema_status_t rma_nb_checked(ema_win_h win, ema_op_t op, int rank, size_t offset,
+                                   void *buf, size_t len, ema_request_h *req_p)
 {
     ema_status_t status = rma_check(win, rank, offset, buf, len);
     if (status != EMA_SUCCESS) {
@@ -404,20 +405,19 @@ EMA_EXPORT ema_status_t ema_put_nb(ema_win_h win, int rank, size_t offset, const
     if (req_p == NULL) {
         return EMA_ERR_INVALID_PARAM;
     }
-    return rma_nb(win, EMA_OP_PUT, rank, offset, (void *)buf, len, req_p);
+    return rma_nb(win, op, rank, offset, buf, len, req_p);
+}
+
+EMA_EXPORT ema_status_t ema_put_nb(ema_win_h win, int rank, size_t offset, const void *buf,
+                                   size_t len, ema_request_h *req_p)
+{
+    return rma_nb_checked(win, EMA_OP_PUT, rank, offset, (void *)buf, len, req_p);
 }
 
 EMA_EXPORT ema_status_t ema_get_nb(ema_win_h win, int rank, size_t offset, void *buf,
                                    size_t len, ema_request_h *req_p)
 {
-    ema_status_t status = rma_check(win, rank, offset, buf, len);
-    if (status != EMA_SUCCESS) {
-        return status;
-    }
-    if (req_p == NULL) {
-        return EMA_ERR_INVALID_PARAM;
-    }
-    return rma_nb(win, EMA_OP_GET, rank, offset, buf, len, req_p);
+    return rma_nb_checked(win, EMA_OP_GET, rank, offset, buf, len, req_p);
 }
 
 static ema_status_t rma_req_check(ema_request_h req)

@@ -182,6 +182,17 @@ for p in "${progs[@]}"; do
     test_bootstrap_broken)
         step "$name" env "top_builddir=$build" sh "$srcdir/tests/mpi/bootstrap_broken.sh"
         ;;
+    test_regress)
+        # Scenarios chosen by argument; these two hold on any memory kind
+        # (the others size themselves for the host kind's 1M segments).
+        for mode in init_retry early; do
+            step "$name $mode np4" run_mpi_env 4 EMA_DEBUG_WIN_LINK_DELAY=300000 -- "$p" "$mode"
+        done
+        ;;
+    test_settings_mismatch)
+        # Needs per-rank settings that differ: run by tests/mpi/settings_*.sh
+        # in make check (the host kind); nothing of the GPU in it.
+        ;;
     *)
         for np in $nps; do
             step "$name np$np" run_mpi "$np" "$p"

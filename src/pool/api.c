@@ -64,7 +64,6 @@ EMA_EXPORT ema_status_t ema_mem_stat(ema_mem_stat_t *stat_p)
                            EMA_MEM_STAT_FIELD_RECLAIM_LAST_US |
                            EMA_MEM_STAT_FIELD_RECLAIM_MAX_US | EMA_MEM_STAT_FIELD_MEMORY_KIND |
                            EMA_MEM_STAT_FIELD_DEVICE;
-    uint64_t want = known;
     ema__pool_t *pool = ema__pool_world;
     size_t seg = pool->win->seg_size;
     ema__seg_pool_t *sp = &pool->arena->pool;
@@ -88,23 +87,8 @@ EMA_EXPORT ema_status_t ema_mem_stat(ema_mem_stat_t *stat_p)
     st.reclaim_max_us  = pool->reclaim_max_us;
     st.memory_kind     = pool->arena->ops->kind;
     st.device          = (st.memory_kind == EMA_MEMORY_KIND_CUDA) ? pool->arena->device : -1;
-#define EMA_STAT_COPY(_bit, _field) \
-    do { if (want & EMA_MEM_STAT_FIELD_##_bit) stat_p->_field = st._field; } while (0)
-    EMA_STAT_COPY(CAPACITY, capacity);
-    EMA_STAT_COPY(RESERVE, reserve);
-    EMA_STAT_COPY(BYTES_FREE, bytes_free);
-    EMA_STAT_COPY(BYTES_USED, bytes_used);
-    EMA_STAT_COPY(BYTES_LENT, bytes_lent);
-    EMA_STAT_COPY(BYTES_WITHHELD, bytes_withheld);
-    EMA_STAT_COPY(BYTES_BORROWED, bytes_borrowed);
-    EMA_STAT_COPY(BYTES_SPILLED, bytes_spilled);
-    EMA_STAT_COPY(RECLAIMS, reclaims);
-    EMA_STAT_COPY(BYTES_MIGRATED, bytes_migrated);
-    EMA_STAT_COPY(RECLAIM_LAST_US, reclaim_last_us);
-    EMA_STAT_COPY(RECLAIM_MAX_US, reclaim_max_us);
-    EMA_STAT_COPY(MEMORY_KIND, memory_kind);
-    EMA_STAT_COPY(DEVICE, device);
-#undef EMA_STAT_COPY
-    stat_p->field_mask = want;
+    st.field_mask = known;
+    /* every field up to reserved[], which a later version fills */
+    memcpy(stat_p, &st, offsetof(ema_mem_stat_t, reserved));
     return EMA_SUCCESS;
 }

@@ -402,7 +402,6 @@ EMA_EXPORT ema_status_t ema_win_stat(ema_win_h win, ema_win_stat_t *stat_p)
                            EMA_WIN_STAT_FIELD_BYTES_LOCAL | EMA_WIN_STAT_FIELD_BYTES_BORROWED |
                            EMA_WIN_STAT_FIELD_BYTES_SPILLED | EMA_WIN_STAT_FIELD_MIGRATIONS |
                            EMA_WIN_STAT_FIELD_BYTES_WANTED;
-    uint64_t want = known;
     ema__win_ctx_t *ctx   = win->ctx;
     ema__win_part_t *part = &win->parts[ctx->rank];
     ema_win_stat_t st;
@@ -428,17 +427,9 @@ EMA_EXPORT ema_status_t ema_win_stat(ema_win_h win, ema_win_stat_t *stat_p)
     st.migrations = win->stats.migrations;
     st.bytes_wanted = ema__win_wanted_bytes(win);
     pthread_mutex_unlock(&win->lock);
-#define EMA_STAT_COPY(_bit, _field) \
-    do { if (want & EMA_WIN_STAT_FIELD_##_bit) stat_p->_field = st._field; } while (0)
-    EMA_STAT_COPY(SIZE, size);
-    EMA_STAT_COPY(MAX_SIZE, max_size);
-    EMA_STAT_COPY(BYTES_LOCAL, bytes_local);
-    EMA_STAT_COPY(BYTES_BORROWED, bytes_borrowed);
-    EMA_STAT_COPY(BYTES_SPILLED, bytes_spilled);
-    EMA_STAT_COPY(MIGRATIONS, migrations);
-    EMA_STAT_COPY(BYTES_WANTED, bytes_wanted);
-#undef EMA_STAT_COPY
-    stat_p->field_mask = want;
+    st.field_mask = known;
+    /* every field up to reserved[], which a later version fills */
+    memcpy(stat_p, &st, offsetof(ema_win_stat_t, reserved));
     return EMA_SUCCESS;
 }
 

@@ -140,7 +140,7 @@ void ema__pool_granted(ema__pool_t *pool, int src, const ema_pool_msg_t *m,
                        const char *payload, size_t plen)
 {
     const uint32_t *segs = (const uint32_t *)payload;
-    uint64_t nsegs = pool->win->exports[EMA_TIER_DEVICE][src].capacity / pool->win->seg_size;
+    uint64_t nsegs = ema__pool_peer_nsegs(pool, src);
     ema_pool_grant_arg_t g = {pool, src, m, payload, 1, 0, 0};
 
     g.wellformed = plen >= (size_t)m->count * (sizeof(uint32_t) + sizeof(int64_t)) &&

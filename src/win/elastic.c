@@ -140,12 +140,6 @@ static uint32_t ema_win_away(ema_win_h win, uint32_t first, uint32_t last, uint3
     return n;
 }
 
-static int ema_win_cmp_idx(const void *a, const void *b)
-{
-    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
-    return (x > y) - (x < y);
-}
-
 /*
  * Bring segments [first, last] of the own part home, into free local
  * memory, as one migration batch: spilled ones first, then borrowed ones,
@@ -187,10 +181,7 @@ static void ema_win_bring_home(ema_win_h win, uint32_t first, uint32_t last)
     }
     if (cb != NULL) {
         /* those that may move: the first that fit in free memory */
-        uint32_t m = (n < nfree) ? n : nfree;
-        memcpy(locs, idx, m * sizeof(*idx)); /* as scratch: sorted for the runs */
-        qsort(locs, m, sizeof(*idx), ema_win_cmp_idx);
-        ema__win_notify(win, cb, cb_arg, (const uint32_t *)locs, m);
+        ema__win_notify(win, cb, cb_arg, idx, (n < nfree) ? n : nfree);
     }
 
     pthread_mutex_lock(&win->lock);

@@ -293,23 +293,34 @@ size_t ema__win_wanted_bytes(ema_win_h win)
 
 /*
  * Tell the owner which ranges of @win's part are about to move: its reclaim
- * callback, once per run of consecutive segments in @idx (ascending).  Never
+ * callback, once per run of consecutive segments in @idx (any order).  Never
  * under the window's lock, so the callback may call any ema_win_* on the
  * window (ema_win_release to let a held range go, ema_win_stat).
  */
 void ema__win_notify(ema_win_h win, ema_reclaim_cb cb, void *cb_arg, const uint32_t *idx,
-                      uint32_t n)
+                     uint32_t n)
 {
-    size_t seg = win->ctx->seg_size;
+    size_t seg     = win->ctx->seg_size;
+    uint32_t *runs = (cb != NULL && n > 0) ? malloc(n * sizeof(*runs)) : NULL;
 
-    for (uint32_t i = 0; cb != NULL && i < n;) {
+    if (runs == NULL) {
+        if (cb != NULL && n > 0) {
+            ema_error("out of memory telling window %u's owner of %u moving segments", win->id,
+                      n);
+        }
+        return;
+    }
+    memcpy(runs, idx, n * sizeof(*runs));
+    qsort(runs, n, sizeof(*runs), ema_win_cmp_u32);
+    for (uint32_t i = 0; i < n;) {
         uint32_t j = i + 1;
-        while (j < n && idx[j] == idx[j - 1] + 1) {
+        while (j < n && runs[j] == runs[j - 1] + 1) {
             j++;
         }
-        cb(win, (size_t)idx[i] * seg, (size_t)(j - i) * seg, cb_arg);
+        cb(win, (size_t)runs[i] * seg, (size_t)(j - i) * seg, cb_arg);
         i = j;
     }
+    free(runs);
 }
 
 /* Indices of the segments of @win's own part that live in @src's memory

@@ -304,7 +304,7 @@ void         ema__win_apply_update(ema_win_h win, int part, uint64_t version, si
  * for the application.  EMA_ERR_NO_MEMORY: no memory for some of them. */
 ema_status_t ema__win_move(ema_win_h win, uint32_t *idx, uint32_t n, int exclude,
                            const ema__loc_t *targets, const int64_t *handles);
-/* The owner's reclaim callback @cb for the runs of @idx[0..n) (ascending);
+/* The owner's reclaim callback @cb for the runs of @idx[0..n) (any order);
  * called WITHOUT win->lock, so it may call any ema_win_* on the window. */
 void         ema__win_notify(ema_win_h win, ema_reclaim_cb cb, void *cb_arg,
                              const uint32_t *idx, uint32_t n);

@@ -13,7 +13,8 @@
 #      rank counts; with as many GPUs, one rank per GPU), under mpirun
 #      --timeout, with the cuda memory kind;
 #   4. test_elastic's held and nomem scenarios and 20 s of ema_stress on 4
-#      ranks; 5. examples/cuda_window on 1, 2 and 4 ranks; 6. ema_perf on 2
+#      ranks; 5. examples/cuda_window and the Python GPU consumer
+#      (examples/python/cuda_consumer.py) on 1, 2 and 4 ranks; 6. ema_perf on 2
 #      ranks (CSV, kept as $OUT/ema_perf.csv), failing when put or get at 2 MiB
 #      or 64 MiB is below GPU_SUITE_MIN_RATIO (0.8) x raw UCX in the same run.
 # Each rank gets EMA_DEVICE_MEMORY=2G unless it is set (ema_perf: 10G): 16
@@ -245,6 +246,23 @@ if [ -x "$build/examples/cuda_window" ]; then
 else
     echo "gpu-suite: examples/cuda_window was not built (no nvcc?)"
     nfail=$((nfail + 1)); failed+=(cuda_window)
+fi
+
+# The Python package's GPU consumer (examples/python/cuda_consumer.py): a
+# cuda-kind window, half borrowed on 2 and 4 ranks, read and written through
+# __cuda_array_interface__ and DLPack by kernels of _gpu_check.so (no torch
+# or CuPy needed), checked word for word; on 4 ranks again after a reclaim.
+if [ -f "$build/python/_gpu_check.so" ] && command -v python3 >/dev/null; then
+    for np in 1 2 4; do
+        step "python cuda_consumer np$np" run_mpi_env "$np" \
+            "PYTHONPATH=$srcdir/contrib/python" "EMA_LIBRARY=$build/.libs/libema.so.0" \
+            "EMA_NOTIFY_LIBRARY=$build/python/_notify.so" \
+            "EMA_GPU_CHECK_LIBRARY=$build/python/_gpu_check.so" PYTHONUNBUFFERED=1 \
+            PYTHONDONTWRITEBYTECODE=1 -- \
+            python3 "$srcdir/examples/python/cuda_consumer.py" 512
+    done
+else
+    echo "gpu-suite: python cuda_consumer not run (no python3, or no _gpu_check.so: no nvcc?)"
 fi
 
 # The figures of the README's headline table and doc/performance.md: put/get

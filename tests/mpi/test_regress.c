@@ -72,11 +72,24 @@ static uint64_t wpat(uint64_t seed, size_t word)
     return t_rand(&s);
 }
 
-static void fill_own(void *base, size_t from, size_t to, uint64_t seed)
+/* Fill [from, to) of the own part with the pattern of @seed: plain stores on
+ * the host kind, puts through a host buffer on cuda (own_write). */
+static void fill_own(ema_win_h win, void *base, size_t from, size_t to, uint64_t seed)
 {
-    for (size_t o = from; o < to; o += 8) {
-        ((uint64_t *)base)[o / 8] = wpat(seed, o / 8);
+    enum { CHUNK = 1 << 20 };
+    uint64_t *tmp = malloc(CHUNK);
+    if (tmp == NULL) {
+        fprintf(stderr, "FAIL rank %d: malloc(%d)\n", ema_t_rank, CHUNK);
+        exit(1);
     }
+    for (size_t o = from; o < to; o += CHUNK) {
+        size_t n = to - o < CHUNK ? to - o : CHUNK;
+        for (size_t w = 0; w < n / 8; w++) {
+            tmp[w] = wpat(seed, o / 8 + w);
+        }
+        own_write(win, base, o, tmp, n);
+    }
+    free(tmp);
 }
 
 /* Offset of the first word of [from, to) of @buf (which starts at @from)
@@ -197,7 +210,7 @@ static void test_recall_of_held_segment_never_blocks_progress(void)
     size_t size = 4 * SEG;
     if (ema_t_rank == 0) {
         T_OK(ema_win_grow(win, size));
-        fill_own(wb, 0, size, 7);
+        fill_own(win, wb, 0, size, 7);
         T_OK(ema_win_acquire(win, 0, SEG)); /* the first segment, held */
         cbinfo.main = pthread_self();
         T_OK(ema_win_set_reclaim_cb(win, held_cb, NULL));
@@ -373,12 +386,12 @@ static void test_window_used_before_every_rank_knows_it(void)
     T_OK(ema_win_allocate(ema_t_rank == 0 ? size : 0, &wp, &wb, &win));
     if (ema_t_rank == 0) {
         /* at once, while rank 2 may still be inside ema_win_allocate */
-        fill_own(wb, 0, size, 1);
+        fill_own(win, wb, 0, size, 1);
         T_OK(ema_win_shrink(win, 0));
         T_OK(ema_mem_stat(&m));
         T_OK(ema_reclaim(m.bytes_free, 1000)); /* keep own memory out of the grow */
         T_OK(ema_win_grow(win, size));
-        fill_own(wb, 0, size, 2);
+        fill_own(win, wb, 0, size, 2);
         T_OK(ema_reclaim_release(m.bytes_free));
         ema_win_stat_t ws = {0};
         T_OK(ema_win_stat(win, &ws));
@@ -438,7 +451,7 @@ static void test_moves_racing_third_rank_reads_lose_no_byte(double secs)
         T_OK(ema_win_allocate(0, &wp, &wb, &win));
         if (ema_t_rank == 0) {
             T_OK(ema_win_grow(win, full)); /* 4 local, 4 borrowed */
-            fill_own(wb, 0, full, seed);
+            fill_own(win, wb, 0, full, seed);
         }
         own_store_u64(ctl, ctl_base, CTL_FLAG, 0);
         T_OK(ema_barrier());
@@ -449,7 +462,7 @@ static void test_moves_racing_third_rank_reads_lose_no_byte(double secs)
             while (t_now() < t_round) {
                 T_OK(ema_win_shrink(win, keep));
                 T_OK(ema_win_grow(win, full));
-                fill_own(wb, keep, full, seed);
+                fill_own(win, wb, keep, full, seed);
                 T_OK(ema_win_prefetch(win, 0, full));
                 if (t_rand(&st) % 2) {
                     T_OK(ema_win_shrink(ballast, 0));

@@ -30,7 +30,10 @@
 typedef struct {
     CUdevice                      dev;
     CUcontext                     ctx;      /* the device's primary context, retained */
-    CUstream                      stream;   /* for copy */
+    CUstream                      stream;   /* for copy: migrations */
+    CUstream                      rstream;  /* for rma_copy: put and get on the
+                                               direct path, never behind a
+                                               migration's copies */
     size_t                        gran;     /* the real VMM granularity */
     CUmemAllocationHandleType     htypes;   /* requested at cuMemCreate */
     uint32_t                      nsegs;
@@ -175,6 +178,9 @@ static void cuda_arena_destroy(ema__mem_arena_t *arena)
     if (ca->stream != NULL) {
         ema__cu.cuStreamDestroy(ca->stream);
     }
+    if (ca->rstream != NULL) {
+        ema__cu.cuStreamDestroy(ca->rstream);
+    }
     if (ca->ctx != NULL) {
         ema__cu.cuDevicePrimaryCtxRelease(ca->dev);
     }
@@ -260,6 +266,12 @@ static ema_status_t cuda_arena_create(ema__mem_arena_t *arena)
     EMA_CU_CALL(res, cuStreamCreate, &ca->stream, CU_STREAM_NON_BLOCKING);
     if (res != CUDA_SUCCESS) {
         ca->stream = NULL;
+        status = ema__cu_status(res);
+        goto err;
+    }
+    EMA_CU_CALL(res, cuStreamCreate, &ca->rstream, CU_STREAM_NON_BLOCKING);
+    if (res != CUDA_SUCCESS) {
+        ca->rstream = NULL;
         status = ema__cu_status(res);
         goto err;
     }
@@ -593,6 +605,38 @@ static ema_status_t cuda_copy_wait_mark(ema__mem_arena_t *arena, void *mark)
     return status;
 }
 
+/* The direct path's copies (put and get, src/win/cuda_path.c): queued on
+ * their own stream, so a put never waits behind a migration's gigabytes,
+ * and waited for together.  A wait also completes copies queued by other
+ * threads meanwhile, which is harmless. */
+static ema_status_t cuda_rma_copy_start(ema__mem_arena_t *arena, void *dst, const void *src,
+                                        size_t len)
+{
+    ema_cuda_arena_t *ca = arena->priv;
+    ema_status_t status = cuda_ctx_set(ca);
+    CUresult res;
+
+    if (status != EMA_SUCCESS) {
+        return status;
+    }
+    EMA_CU_CALL(res, cuMemcpyAsync, (CUdeviceptr)(uintptr_t)dst,
+                (CUdeviceptr)(uintptr_t)src, len, ca->rstream);
+    return ema__cu_status(res);
+}
+
+static ema_status_t cuda_rma_copy_wait(ema__mem_arena_t *arena)
+{
+    ema_cuda_arena_t *ca = arena->priv;
+    ema_status_t status = cuda_ctx_set(ca);
+    CUresult res;
+
+    if (status != EMA_SUCCESS) {
+        return status;
+    }
+    EMA_CU_CALL(res, cuStreamSynchronize, ca->rstream);
+    return ema__cu_status(res);
+}
+
 const ema__mem_ops_t ema__mem_cuda_ops = {
     .size                 = sizeof(ema__mem_ops_t),
     .name                 = "cuda",
@@ -620,4 +664,6 @@ const ema__mem_ops_t ema__mem_cuda_ops = {
     .copy_wait            = cuda_copy_wait,
     .copy_mark            = cuda_copy_mark,
     .copy_wait_mark       = cuda_copy_wait_mark,
+    .rma_copy_start       = cuda_rma_copy_start,
+    .rma_copy_wait        = cuda_rma_copy_wait,
 };

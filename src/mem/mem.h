@@ -75,6 +75,11 @@ typedef struct ema__mem_ops {
      * A migration remaps what is copied while the copies after it run. */
     ema_status_t (*copy_mark)(ema__mem_arena_t *arena, void **mark_p);
     ema_status_t (*copy_wait_mark)(ema__mem_arena_t *arena, void *mark);
+    /* Optional (cuda): copies of put and get on the direct path, queued on
+     * a stream of their own; rma_copy_wait waits for every one queued. */
+    ema_status_t (*rma_copy_start)(ema__mem_arena_t *arena, void *dst, const void *src,
+                                   size_t len);
+    ema_status_t (*rma_copy_wait)(ema__mem_arena_t *arena);
 } ema__mem_ops_t;
 
 struct ema__mem_arena {

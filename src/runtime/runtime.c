@@ -12,6 +12,8 @@
 
 static const char *ema_kind_names[]  = {"auto", "host", "cuda", NULL};
 static const char *ema_level_names[] = {"error", "warn", "info", "debug", "trace", NULL};
+static const char *ema_cpath_names[] = {"auto", "ucx", "direct", NULL}; /* EMA_CUDA_PATH_* */
+static const ema_config_parser_t ema_cpath_parser = EMA_CONFIG_ENUM(ema_cpath_names);
 static const ema_config_parser_t ema_kind_parser  = EMA_CONFIG_ENUM(ema_kind_names);
 static const ema_config_parser_t ema_level_parser = EMA_CONFIG_ENUM(ema_level_names);
 
@@ -36,6 +38,11 @@ const ema_config_field_t ema__runtime_config_table[] = {
      "host kind: put, get and atomics as loads and stores on peers' mapped memory; n sends "
      "them through UCX as on the cuda kind (slower: for testing that path on any machine)",
      EMA_RT_CFG(host_direct), &ema__config_bool},
+    {"CUDA_PATH", "auto",
+     "cuda kind: how put and get reach GPU memory: ucx (UCX's cuda_ipc), direct (EMA maps "
+     "peers' segments and copies with the copy engines), or auto: direct where a probe at "
+     "ema_init finds UCX not zero-copy to a peer, or slower than the copy engines",
+     EMA_RT_CFG(cuda_path), &ema_cpath_parser},
     {"DEBUG_WIN_LINK_DELAY", "0",
      "testing only: microseconds each rank sleeps inside ema_win_allocate after the exchange, "
      "before the new window is known to it (widens a race for the regression tests)",
@@ -231,6 +238,20 @@ static ema_status_t ema_check_sizes(const ema__world_t *w, const ema__mem_ops_t 
     return EMA_SUCCESS;
 }
 
+/* Do two ranks use the same GPU?  Also where the topology is unknown and
+ * there are more ranks than GPUs the driver shows. */
+static int runtime_gpu_shared(const ema__world_t *w)
+{
+    for (int a = 0; w->gpu_of_rank != NULL && a < w->boot.size; a++) {
+        for (int b = a + 1; w->gpu_of_rank[a] >= 0 && b < w->boot.size; b++) {
+            if (w->gpu_of_rank[a] == w->gpu_of_rank[b]) {
+                return 1;
+            }
+        }
+    }
+    return w->gpu_of_rank == NULL && w->boot.size > 1;
+}
+
 /* The modex blob: [u32 address length][UCX worker address][win layer blob]. */
 static ema_status_t runtime_modex(ema__world_t *w)
 {
@@ -385,6 +406,14 @@ EMA_EXPORT ema_status_t ema_init(const ema_init_params_t *params)
         }
     }
 
+    /* UCX turns cuda_ipc's zero-copy GET off where it sees no NVLink, as
+     * between ranks that share one GPU, and gets then run at a fraction of
+     * a copy's speed: turn it on there, unless the user set it. */
+    if (ops->kind == EMA_MEMORY_KIND_CUDA && runtime_gpu_shared(w) &&
+        getenv("UCX_CUDA_IPC_ENABLE_GET_ZCOPY") == NULL) {
+        setenv("UCX_CUDA_IPC_ENABLE_GET_ZCOPY", "y", 0);
+        ema_debug("ranks share a GPU: UCX_CUDA_IPC_ENABLE_GET_ZCOPY=y");
+    }
     w->xp.request_size = sizeof(struct ema_request);
     status = ema__xport_create(&w->xp, w->boot.rank, w->boot.size);
     if (status != EMA_SUCCESS) {
@@ -396,6 +425,7 @@ EMA_EXPORT ema_status_t ema_init(const ema_init_params_t *params)
         goto err_xport;
     }
     w->win.no_direct = !w->cfg.host_direct;
+    w->win.cpath.cfg = w->cfg.cuda_path;
     w->win.debug_link_delay_us = w->cfg.debug_link_delay;
     status = runtime_modex(w);
     if (status != EMA_SUCCESS) {
@@ -413,17 +443,15 @@ EMA_EXPORT ema_status_t ema_init(const ema_init_params_t *params)
     if (status != EMA_SUCCESS) {
         goto err_pool;
     }
+    /* The cuda kind: probe each peer through UCX and EMA's direct path,
+     * choose (EMA_CUDA_PATH), and warn where no path is zero-copy. */
+    status = ema__win_cuda_path_select(&w->win);
+    if (status != EMA_SUCCESS) {
+        ema__progress_stop(&w->progress);
+        goto err_pool;
+    }
     ema__pool_start(&w->pool);
     ema__win_world = &w->win;
-    if (ops->kind == EMA_MEMORY_KIND_CUDA && w->boot.size > 1 &&
-        strstr(w->xp.transports, "cuda_ipc") == NULL) {
-        /* Put and get between GPUs would then be staged through host
-         * memory, or fail: say so once, loudly, on every rank. */
-        ema_warn("UCX offers no cuda_ipc transport to the peers (transports: %s): put and "
-                 "get on GPU memory will be staged through host memory at a fraction of "
-                 "the link's speed.  Use a UCX built --with-cuda (see ema(7)), and check "
-                 "UCX_TLS", w->xp.transports[0] ? w->xp.transports : "none");
-    }
     ema_debug("world of %d ready: %s memory, %zu bytes in segments of %zu, ucx %s",
               w->boot.size, ops->name, w->arena->capacity, w->arena->seg_size,
               w->xp.transports);
@@ -641,6 +669,7 @@ EMA_EXPORT ema_status_t ema_info_print(FILE *stream, unsigned flags)
         } else {
             fprintf(stream, "# transports:    %s\n",
                     w->xp.transports[0] ? w->xp.transports : "(none reported)");
+            ema__win_cpath_print(&w->win, stream);
         }
     }
     return EMA_SUCCESS;

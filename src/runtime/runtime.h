@@ -39,6 +39,7 @@ typedef struct ema__runtime_config {
     size_t device_memory;
     size_t segment_size;  /* 0: the kind's default */
     int    hugepages;     /* host: try huge pages for the arena */
+    int    cuda_path;     /* EMA_CUDA_PATH_*: put/get on the cuda kind */
     int    host_direct;   /* host: put/get as loads and stores on mapped peers */
     unsigned debug_link_delay; /* tests: us before a new window is made known */
     int    log_level;

@@ -26,6 +26,7 @@ ema_status_t ema__win_ctx_init(ema__win_ctx_t *ctx, ema__xport_t *xp, ema__mem_a
     atomic_init(&ctx->inflight[1], 0);
     atomic_init(&ctx->epoch, 0);
     pthread_mutex_init(&ctx->lock, NULL);
+    pthread_mutex_init(&ctx->cpath.lock, NULL);
     for (t = 0; t < EMA_TIER_MAX; t++) {
         ctx->exports[t] = calloc((size_t)(unsigned)size, sizeof(ema__mem_export_t));
         if (ctx->exports[t] == NULL) {
@@ -80,13 +81,15 @@ static void ema_win_settings(const ema__win_ctx_t *ctx, ema_win_settings_t *s)
     s->capacity = ctx->tier[EMA_TIER_DEVICE]->capacity;
 }
 
-/* Blob: [settings], then for each tier [export][u32 rkey_len][rkey]. */
+/* Blob: [settings], then for each tier [export][u32 rkey_len][rkey], then
+ * [u32 n][n x i32] the device tier's segment handles (cuda; n = 0 on host). */
 ema_status_t ema__win_ctx_blob(ema__win_ctx_t *ctx, void **blob_p, size_t *len_p)
 {
     size_t len = sizeof(ema_win_settings_t);
     for (int t = 0; t < EMA_TIER_MAX; t++) {
         len += sizeof(ema__mem_export_t) + sizeof(uint32_t) + ctx->mr[t].rkey_len;
     }
+    len += ema__win_cpath_blob_len(ctx);
     char *blob = calloc(1, len), *p = blob;
     if (blob == NULL) {
         return EMA_ERR_NO_MEMORY;
@@ -108,6 +111,7 @@ ema_status_t ema__win_ctx_blob(ema__win_ctx_t *ctx, void **blob_p, size_t *len_p
         }
         p += rlen;
     }
+    ema__win_cpath_blob(ctx, p);
     *blob_p = blob;
     *len_p  = len;
     return EMA_SUCCESS;
@@ -239,6 +243,10 @@ ema_status_t ema__win_ctx_connect(ema__win_ctx_t *ctx, void *const *blobs, const
             }
             p += rlen;
         }
+        status = ema__win_cpath_connect(ctx, r, p, end);
+        if (status != EMA_SUCCESS) {
+            return status;
+        }
     }
     return win_ctx_attach(ctx);
 
@@ -264,6 +272,7 @@ void ema__win_ctx_cleanup(ema__win_ctx_t *ctx)
         ctx->dead = w->next;
         free(w);
     }
+    ema__win_cpath_cleanup(ctx);
     for (int t = 0; t < EMA_TIER_MAX; t++) {
         for (int r = 0; ctx->peer_base[t] != NULL && r < ctx->size; r++) {
             if (r != ctx->rank && ctx->peer_base[t][r] != NULL) {

@@ -49,6 +49,7 @@
 
 #include <ema.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdatomic.h>
 
 #include "mem/mem.h"
@@ -135,6 +136,33 @@ typedef struct ema__win_mem_ops {
     void     (*changed)(void *arg, unsigned what);
 } ema__win_mem_ops_t;
 
+/* EMA_CUDA_PATH: how put and get reach the cuda kind's memory. */
+enum {
+    EMA_CUDA_PATH_AUTO   = 0, /* direct where UCX is not zero-copy or is slower */
+    EMA_CUDA_PATH_UCX    = 1, /* UCX (cuda_ipc, or whatever it selects) */
+    EMA_CUDA_PATH_DIRECT = 2  /* EMA's own: peers' segments mapped here, copy engines */
+};
+
+/*
+ * The cuda kind's direct path (cuda_path.c): every peer's arena is mirrored
+ * in a reserved range of this process, and a segment is mapped there on
+ * first use from its exported handle (the same import as a borrow); put and
+ * get are then copies on the copy engines, on a stream of EMA's own.
+ */
+typedef struct ema__win_cpath {
+    int              cfg;      /* EMA_CUDA_PATH_*, as set */
+    int              on;       /* put and get take the direct path */
+    int              tried;    /* the probe ran (ema__win_cuda_path_select) */
+    uint32_t        *nh;       /* [size] segments (handles) each rank exported */
+    int32_t        **handles;  /* [size][nh]: the modex's handles */
+    char           **mirror;   /* [size] the mirror of rank r's arena (own: its base) */
+    _Atomic uint8_t **mapped;  /* [size][nh] */
+    pthread_mutex_t  lock;     /* a leaf: maps into the mirrors */
+    /* The probe, GB/s by peer (0: not measured): UCX put and get to the
+     * peer's arena, and a copy through the mirror. */
+    double          *ucx_put, *ucx_get, *direct;
+} ema__win_cpath_t;
+
 /* The win layer's state, one per world. */
 typedef struct ema__win_ctx {
     ema__xport_t      *xp;
@@ -187,6 +215,7 @@ typedef struct ema__win_ctx {
     void              *mem_arg;
     _Atomic uint64_t   bytes_migrated; /* moved by ema__win_move, all windows */
     unsigned           debug_link_delay_us; /* EMA_DEBUG_WIN_LINK_DELAY */
+    ema__win_cpath_t   cpath;   /* the cuda kind's direct path */
 } ema__win_ctx_t;
 
 struct ema_win {
@@ -236,6 +265,24 @@ ema_status_t ema__win_ctx_check(ema__win_ctx_t *ctx, void *const *blobs, const s
 /* Complete the setup once every rank's exports and rkeys are known. */
 ema_status_t ema__win_ctx_connect(ema__win_ctx_t *ctx, void *const *blobs, const size_t *lens);
 void         ema__win_ctx_cleanup(ema__win_ctx_t *ctx);
+
+/* The cuda kind's direct path (cuda_path.c).  The handles each rank
+ * appends to its modex blob, and reading them back (connect). */
+size_t       ema__win_cpath_blob_len(const ema__win_ctx_t *ctx);
+void         ema__win_cpath_blob(const ema__win_ctx_t *ctx, char *p);
+ema_status_t ema__win_cpath_connect(ema__win_ctx_t *ctx, int rank, const char *p,
+                                    const char *end);
+/* Collective, at the end of ema_init: measure each peer through UCX and
+ * through the mirror, choose the path (EMA_CUDA_PATH), warn where it is
+ * not zero-copy, and wait for every rank (the probe writes into the last
+ * segment of each peer's arena, free until then). */
+ema_status_t ema__win_cuda_path_select(ema__win_ctx_t *ctx);
+void         ema__win_cpath_cleanup(ema__win_ctx_t *ctx);
+/* The local address of @len bytes at @raddr of rank @rank's device tier,
+ * mapping its segment on first use; NULL on failure (logged). */
+char        *ema__win_cpath_addr(ema__win_ctx_t *ctx, int rank, uint64_t raddr);
+/* One line per peer for ema_info: the path in use and the probe's figures. */
+void         ema__win_cpath_print(const ema__win_ctx_t *ctx, FILE *stream);
 
 /* Collective.  @arg is this rank's verdict on its arguments: an error there
  * allocates nothing and makes the call fail on every rank with it. */

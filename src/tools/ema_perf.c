@@ -17,6 +17,16 @@
  * (E R R E E R R E ...) so machine noise and drift hit both alike; a row
  * reports the median of each.  Bandwidth is size / median latency.
  *
+ * On the cuda kind put and get rows carry a third column, the copy: a
+ * cudaMemcpyAsync device to device of the same bytes between two cudaMalloc
+ * buffers on the origin's GPU, then cudaStreamSynchronize (the copy's op +
+ * flush), always timed with CUDA events in runs as --timer events.  Its
+ * blocks go between the two raw ones of each quartet (E R C C R E ...), with
+ * the raw column's block sizes, iterations and warm-up; the target naps
+ * meanwhile.  The origin checks (and clears) the copy's destination after
+ * every block.  The copy's time does not count towards --time, so the EMA
+ * and raw UCX columns get the iterations they had without it.
+ *
  * The raw UCX reference is set up the way EMA sets up its own transport, so
  * that the ratio measures what EMA adds on top of UCX:
  *  - its own ucp context (RMA | AMO64 | AM, mt_workers_shared, as EMA's) and
@@ -46,6 +56,8 @@
  *        EMA:  naps (its EMA progress thread serves EMA's RMA);
  *        DONE: leaves the row and verifies what arrived.
  *   3. origin: waits for the ack, then runs the block.
+ *   (COPY, the put/get rows' copy reference on the cuda kind: the target naps
+ *    as for EMA; the copy runs on the origin's GPU alone.)
  * After each row both ranks agree on a verdict (each puts ok/failed into the
  * peer's part, barrier), so a data mismatch on either side stops both.
  *
@@ -98,8 +110,9 @@
 #define CTL_XCHG    4096 /* each part: the peer's raw worker address and rkey */
 #define XCHG_MAGIC  0x656d61706572ull /* "emaper" */
 
-enum { CMD_EMA = 1, CMD_RAW = 2, CMD_DONE = 3 };
-enum { IMPL_EMA = 0, IMPL_RAW = 1, IMPL_NUM = 2 };
+enum { CMD_EMA = 1, CMD_RAW = 2, CMD_DONE = 3, CMD_COPY = 4 };
+/* IMPL_COPY: put and get on the cuda kind only (perf_drive) */
+enum { IMPL_EMA = 0, IMPL_RAW = 1, IMPL_COPY = 2, IMPL_NUM = 3 };
 enum { PERF_TIMER_AUTO = 0, PERF_TIMER_WALL, PERF_TIMER_EVENTS };
 
 #define BLOCKS_PER_IMPL 8 /* blocks per implementation per row (even: ABBA) */
@@ -163,6 +176,10 @@ typedef struct perf {
     ucp_rkey_h    rkey;        /* origin: the target's raw buffer */
     uint64_t      raddr;       /* origin: its address at the target */
 
+    /* the put/get rows' copy reference (origin, cuda kind, put or get
+     * selected): two cudaMalloc buffers of --max bytes, NULL otherwise */
+    char         *copy_src, *copy_dst;
+
     /* samples of the current row, microseconds */
     double *samples[IMPL_NUM];
     size_t  nsamples[IMPL_NUM], cap;
@@ -174,6 +191,7 @@ typedef struct {
     double us[IMPL_NUM];  /* median latency, microseconds */
     size_t n[IMPL_NUM];   /* iterations timed */
     int    no_ref;        /* no reference: the ucx columns are empty ("-") */
+    int    has_copy;      /* us[IMPL_COPY], n[IMPL_COPY] hold the copy reference */
     int    skipped;       /* the size does not fit: no row is printed */
     long   warmup;        /* untimed iterations made first (borrow) */
 } perf_row_t;
@@ -696,13 +714,23 @@ static void perf_raw_get(perf_t *p, size_t size)
     perf_raw_wait(p, fl, "ucp_ep_flush_nbx");
 }
 
+/* The copy reference of put and get (cuda kind): the same bytes, device to
+ * device on the origin's GPU, synchronized as a flush would be. */
+static void perf_copy_iter(perf_t *p, size_t size)
+{
+    if (perf_gpu_copy_d2d(p->copy_dst, p->copy_src, size) != 0) {
+        perf_die("copy reference: %s", perf_gpu_error());
+    }
+}
+
 /* ------------------------------------------------------------------------- */
 /* the interleaved driver (origin)                                             */
 /* ------------------------------------------------------------------------- */
 
 typedef struct {
+    /* iter[IMPL_COPY]: NULL, or perf_copy_iter (run where p->copy_src is) */
     perf_iter_cb iter[IMPL_NUM];
-    /* after each block (untimed); returns 0 if the data is right */
+    /* after each EMA or raw block (untimed); returns 0 if the data is right */
     int (*after_block)(perf_t *p, int op_index, size_t size, int impl);
 } perf_rma_t;
 
@@ -734,35 +762,69 @@ static void perf_reserve_samples(perf_t *p, size_t n)
     p->cap = n;
 }
 
+static int perf_verify(perf_t *p, const char *what, const void *buf, size_t size,
+                       uint64_t salt)
+{
+    size_t bad = perf_mem_check(p, buf, size, salt, 0);
+    if (bad != (size_t)-1) {
+        fprintf(stderr, "ema_perf: DATA MISMATCH: %s, size %zu: first wrong byte at offset %zu\n",
+                what, size, bad);
+        return -1;
+    }
+    return 0;
+}
+
+/* After each copy block: the destination holds the source's pattern; cleared
+ * so that the next block must copy every byte again. */
+static int perf_copy_after_block(perf_t *p, int op_index, size_t size)
+{
+    int rc = perf_verify(p, "copy reference, cudaMemcpy destination", p->copy_dst, size,
+                         perf_salt(op_index, size, IMPL_COPY));
+    perf_mem_zero(p, p->copy_dst, size);
+    return rc;
+}
+
+/* The block orders, cycles that give each implementation two blocks: ABBA
+ * for EMA and raw UCX; with the copy, its two blocks between the raw ones,
+ * so that the EMA/raw order stays ABBA and drift hits all three alike. */
+static const int perf_order2[] = {IMPL_EMA, IMPL_RAW, IMPL_RAW, IMPL_EMA};
+static const int perf_order3[] = {IMPL_EMA, IMPL_RAW, IMPL_COPY, IMPL_COPY, IMPL_RAW, IMPL_EMA};
+
 static int perf_drive(perf_t *p, int op_index, size_t size, const perf_rma_t *rma,
                       perf_row_t *row)
 {
     long iters = perf_iters_for(p, size);
     long block = (iters + BLOCKS_PER_IMPL - 1) / BLOCKS_PER_IMPL;
     int capped = (p->o.iters <= 0); /* an explicit --iters is honoured exactly */
-    int warm[IMPL_NUM] = {0, 0};
-    double timed = 0.0;
+    int warm[IMPL_NUM] = {0};
+    double timed = 0.0; /* EMA and raw UCX only: the copy does not shorten them */
+    int copy = (rma->iter[IMPL_COPY] != NULL && p->copy_src != NULL);
+    const int *order = copy ? perf_order3 : perf_order2;
+    int cycle = copy ? 6 : 4;
+    int nimpl = copy ? 3 : 2;
 
     int events = (p->o.timer == PERF_TIMER_EVENTS);
     perf_reserve_samples(p, (size_t)block * BLOCKS_PER_IMPL);
-    p->nsamples[IMPL_EMA] = p->nsamples[IMPL_RAW] = 0;
-    p->niters[IMPL_EMA] = p->niters[IMPL_RAW] = 0;
-    if (events) {
+    for (int i = 0; i < IMPL_NUM; i++) {
+        p->nsamples[i] = p->niters[i] = 0;
+    }
+    if (events || copy) { /* the copy is timed with events whatever --timer says */
         int need = 2 * (int)((block + PERF_MARK_OPS - 1) / PERF_MARK_OPS);
         if (need > p->nmarks) {
             if (perf_gpu_marks_reserve(need) != 0) {
-                perf_die("CUDA events for --timer events: %s", perf_gpu_error());
+                perf_die("CUDA events for %s: %s", events ? "--timer events" : "the copy",
+                         perf_gpu_error());
             }
             p->nmarks = need;
         }
     }
 
-    for (int b = 0; b < 2 * BLOCKS_PER_IMPL; b++) {
-        /* ABBA: E R R E E R R E ... */
-        int impl = ((b + 1) / 2) % 2 ? IMPL_RAW : IMPL_EMA;
+    for (int b = 0; b < nimpl * BLOCKS_PER_IMPL; b++) {
+        int impl = order[b % cycle];
         perf_iter_cb iter = rma->iter[impl];
+        int ev = events || impl == IMPL_COPY;
 
-        perf_cmd(p, impl == IMPL_RAW ? CMD_RAW : CMD_EMA);
+        perf_cmd(p, impl == IMPL_RAW ? CMD_RAW : impl == IMPL_COPY ? CMD_COPY : CMD_EMA);
         if (!warm[impl]) {
             double t0 = perf_now();
             for (long i = 0; i < p->o.warmup; i++) {
@@ -772,6 +834,9 @@ static int perf_drive(perf_t *p, int op_index, size_t size, const perf_rma_t *rm
                 }
             }
             warm[impl] = 1;
+            if (impl == IMPL_COPY) {
+                perf_mem_zero(p, p->copy_dst, size); /* the check sees timed copies only */
+            }
         }
         long todo = block;
         if (!capped) {
@@ -779,7 +844,8 @@ static int perf_drive(perf_t *p, int op_index, size_t size, const perf_rma_t *rm
             todo = left < block ? left : block;
         }
         double *s = p->samples[impl] + p->nsamples[impl];
-        if (events) {
+        double t_block = 0.0;
+        if (ev) {
             /* runs of PERF_MARK_OPS ops between two events; read after the
              * block, so that no wait on an event falls between the ops */
             long nrun = (todo + PERF_MARK_OPS - 1) / PERF_MARK_OPS;
@@ -793,7 +859,7 @@ static int perf_drive(perf_t *p, int op_index, size_t size, const perf_rma_t *rm
                 for (long i = 0; i < k; i++) {
                     iter(p, size);
                 }
-                timed += perf_now() - t0;
+                t_block += perf_now() - t0;
                 if (perf_gpu_mark((int)(2 * r + 1)) != 0) {
                     perf_die("cudaEventRecord: %s", perf_gpu_error());
                 }
@@ -814,25 +880,31 @@ static int perf_drive(perf_t *p, int op_index, size_t size, const perf_rma_t *rm
                 iter(p, size);
                 double t1 = perf_now();
                 s[i] = (t1 - t0) * 1e6;
-                timed += t1 - t0;
+                t_block += t1 - t0;
             }
             p->nsamples[impl] += (size_t)todo;
         }
+        if (impl != IMPL_COPY) {
+            timed += t_block;
+        }
         p->niters[impl] += (size_t)todo;
-        if (rma->after_block != NULL && rma->after_block(p, op_index, size, impl) != 0) {
+        int bad = impl == IMPL_COPY ? perf_copy_after_block(p, op_index, size) != 0
+                : rma->after_block != NULL && rma->after_block(p, op_index, size, impl) != 0;
+        if (bad) {
             perf_cmd(p, CMD_DONE);
             return -1;
         }
-        /* stop early only after a complete ABBA quartet */
-        if (capped && (b % 4) == 3 && timed > p->o.time_cap) {
+        /* stop early only after a complete cycle (ABBA quartet) */
+        if (capped && (b % cycle) == cycle - 1 && timed > p->o.time_cap) {
             break;
         }
     }
     perf_cmd(p, CMD_DONE);
-    for (int i = 0; i < IMPL_NUM; i++) {
+    for (int i = 0; i < nimpl; i++) {
         row->n[i]  = p->niters[i];
         row->us[i] = perf_median(p->samples[i], p->nsamples[i]);
     }
+    row->has_copy = copy;
     return 0;
 }
 
@@ -840,26 +912,25 @@ static int perf_drive(perf_t *p, int op_index, size_t size, const perf_rma_t *rm
 /* ops                                                                        */
 /* ------------------------------------------------------------------------- */
 
-static int perf_verify(perf_t *p, const char *what, const void *buf, size_t size,
-                       uint64_t salt)
+/* Origin, before a put or get row: the copy reference's source holds a
+ * pattern of its own, its destination zeros (where there is a copy). */
+static void perf_copy_prepare(perf_t *p, int op_index, size_t size)
 {
-    size_t bad = perf_mem_check(p, buf, size, salt, 0);
-    if (bad != (size_t)-1) {
-        fprintf(stderr, "ema_perf: DATA MISMATCH: %s, size %zu: first wrong byte at offset %zu\n",
-                what, size, bad);
-        return -1;
+    if (p->copy_src != NULL) {
+        perf_mem_fill(p, p->copy_src, size, perf_salt(op_index, size, IMPL_COPY));
+        perf_mem_zero(p, p->copy_dst, size);
     }
-    return 0;
 }
 
 static int perf_measure_put(perf_t *p, int op_index, size_t size, perf_row_t *row)
 {
-    static const perf_rma_t rma = {{perf_ema_put, perf_raw_put}, NULL};
+    static const perf_rma_t rma = {{perf_ema_put, perf_raw_put, perf_copy_iter}, NULL};
     uint64_t salt = perf_salt(op_index, size, IMPL_EMA);
     int ok = 1;
 
     if (p->rank == PERF_ORIGIN) {
         perf_mem_fill(p, p->buf, size, salt);
+        perf_copy_prepare(p, op_index, size);
     } else {
         perf_mem_zero(p, p->data_base, size);
         perf_mem_zero(p, p->raw_base, size);
@@ -887,11 +958,13 @@ static int perf_get_after_block(perf_t *p, int op_index, size_t size, int impl)
 
 static int perf_measure_get(perf_t *p, int op_index, size_t size, perf_row_t *row)
 {
-    static const perf_rma_t rma = {{perf_ema_get, perf_raw_get}, perf_get_after_block};
+    static const perf_rma_t rma = {{perf_ema_get, perf_raw_get, perf_copy_iter},
+                                   perf_get_after_block};
     int ok = 1;
 
     if (p->rank == PERF_ORIGIN) {
         perf_mem_zero(p, p->buf, size);
+        perf_copy_prepare(p, op_index, size);
     } else {
         perf_mem_fill(p, p->data_base, size, perf_salt(op_index, size, IMPL_EMA));
         perf_mem_fill(p, p->raw_base, size, perf_salt(op_index, size, IMPL_RAW));
@@ -1551,7 +1624,8 @@ static void perf_usage(FILE *f)
         "Put and get latency and bandwidth between rank 0 (origin) and rank 1 (target),\n"
         "each row measured side by side with raw UCX on the same transport; the latency\n"
         "of borrowing one segment; the time of a reclaim against a raw copy.\n"
-        "  --csv              print op,size,ema_us,ema_GBps,ucx_us,ucx_GBps,ratio\n"
+        "  --csv              print op,size,ema_us,ema_GBps,ucx_us,ucx_GBps,ratio,\n"
+        "                     copy_us,copy_GBps,copy_ratio\n"
         "  --op NAME          put, get, borrow, reclaim, kernel, prefetch or all\n"
         "                     (default all: every one);\n"
         "                     a comma list also works\n"
@@ -1580,6 +1654,13 @@ static void perf_usage(FILE *f)
         "Columns: median latency of one op + flush in microseconds, GB/s = size /\n"
         "median latency (1 GB = 1e9 bytes), ratio = ucx_us / ema_us: above 1 EMA is\n"
         "faster than raw UCX, below 1 it is slower.\n"
+        "copy_us, copy_GBps, copy_ratio (put and get on the cuda kind; empty in the CSV\n"
+        "  otherwise, absent from the table on host): a cudaMemcpyAsync device to device\n"
+        "  of the same bytes between two cudaMalloc buffers on rank 0's GPU, then\n"
+        "  cudaStreamSynchronize, with the ucx columns' iterations and warm-up, timed with\n"
+        "  CUDA events in runs of 16 whatever --timer says; copy_ratio = copy_us / ema_us\n"
+        "  (EMA's speed as a share of a copy's: 1.0 is as fast as a copy).  Stretch goal:\n"
+        "  a 2M put within 1.2x of the copy's time (copy_ratio >= 0.833).\n"
         "borrow rows: ema_us = median time of ema_win_grow by one segment (size) that\n"
         "  rank 0 must borrow from rank 1; there is no reference: the ucx columns are\n"
         "  empty in the CSV, '-' in the table.  Goal: ema_us <= 100.\n"
@@ -1735,7 +1816,8 @@ static unsigned perf_select_ops(const char *list)
 static void perf_print_header(perf_t *p, unsigned opmask)
 {
     if (p->o.csv) {
-        printf("op,size,ema_us,ema_GBps,ucx_us,ucx_GBps,ratio\n");
+        /* new columns go at the end: contrib/gpu-suite.sh reads them by position */
+        printf("op,size,ema_us,ema_GBps,ucx_us,ucx_GBps,ratio,copy_us,copy_GBps,copy_ratio\n");
         return;
     }
     printf("# ema_perf %s: rank 0 (origin) -> rank 1 (target), %s memory\n",
@@ -1755,7 +1837,18 @@ static void perf_print_header(perf_t *p, unsigned opmask)
     }
     printf("# GB/s = size / us (1 GB = 1e9 B)\n"
            "# ratio = ucx_us / ema_us: > 1 EMA faster, < 1 EMA slower than raw UCX\n");
-    if (opmask & 3u) { /* put, get; borrow and reclaim print their own */
+    if (p->copy_src != NULL) {
+        printf("# copy: cudaMemcpyAsync device to device of the same bytes between two\n"
+               "#   cudaMalloc buffers on rank 0's GPU + cudaStreamSynchronize, same\n"
+               "#   iterations and warm-up as ucx, timed with CUDA events in runs of %d\n"
+               "# c_ratio = copy_us / ema_us: EMA's speed as a share of a copy's (1: as fast)\n",
+               PERF_MARK_OPS);
+    }
+    if ((opmask & 3u) && p->copy_src != NULL) { /* put, get with the copy */
+        printf("%-4s %8s %10s %9s %10s %9s %7s %10s %9s %7s %7s\n", "op", "size", "ema_us",
+               "ema_GB/s", "ucx_us", "ucx_GB/s", "ratio", "copy_us", "cpy_GB/s", "c_ratio",
+               "iters");
+    } else if (opmask & 3u) { /* put, get; borrow and reclaim print their own */
         printf("%-4s %8s %10s %9s %10s %9s %7s %7s\n", "op", "size", "ema_us", "ema_GB/s",
                "ucx_us", "ucx_GB/s", "ratio", "iters");
     }
@@ -1801,10 +1894,19 @@ static void perf_print_op_header(perf_t *p, const char *op)
 
 static void perf_print_row(perf_t *p, const char *op, size_t size, const perf_row_t *row)
 {
-    double e = row->us[IMPL_EMA], u = row->us[IMPL_RAW];
+    double e = row->us[IMPL_EMA], u = row->us[IMPL_RAW], c = row->us[IMPL_COPY];
     double egb = e > 0 ? (double)size / (e * 1e3) : 0.0;
     double ugb = u > 0 ? (double)size / (u * 1e3) : 0.0;
+    double cgb = c > 0 ? (double)size / (c * 1e3) : 0.0;
     double ratio = e > 0 ? u / e : 0.0;
+    double cratio = e > 0 ? c / e : 0.0;
+    /* the CSV's last three columns: the copy reference, or empty */
+    char cp[96] = "";
+    if (row->has_copy) {
+        snprintf(cp, sizeof(cp), "%.3f,%.4f,%.3f", c, cgb, cratio);
+    } else {
+        snprintf(cp, sizeof(cp), ",,");
+    }
 
     if (row->no_ref || strcmp(op, "reclaim") == 0 || strcmp(op, "kernel") == 0 ||
         strcmp(op, "prefetch") == 0) {
@@ -1822,9 +1924,9 @@ static void perf_print_row(perf_t *p, const char *op, size_t size, const perf_ro
         }
         char s[32];
         if (p->o.csv && row->no_ref) {
-            printf("%s,%zu,%.3f,%.4f,,,\n", op, size, e, egb);
+            printf("%s,%zu,%.3f,%.4f,,,,%s\n", op, size, e, egb, cp);
         } else if (p->o.csv) {
-            printf("%s,%zu,%.3f,%.4f,%.3f,%.4f,%.3f\n", op, size, e, egb, u, ugb, ratio);
+            printf("%s,%zu,%.3f,%.4f,%.3f,%.4f,%.3f,%s\n", op, size, e, egb, u, ugb, ratio, cp);
         } else if (row->no_ref) {
             printf("%-*s %8s %10.3f %9.4f %10s %9s %7s %7zu %4s\n", w, op,
                    perf_size_str(size, s, sizeof(s)), e, egb, "-", "-", "-", row->n[IMPL_EMA],
@@ -1835,7 +1937,18 @@ static void perf_print_row(perf_t *p, const char *op, size_t size, const perf_ro
                    goal);
         }
     } else if (p->o.csv) {
-        printf("%s,%zu,%.3f,%.4f,%.3f,%.4f,%.3f\n", op, size, e, egb, u, ugb, ratio);
+        printf("%s,%zu,%.3f,%.4f,%.3f,%.4f,%.3f,%s\n", op, size, e, egb, u, ugb, ratio, cp);
+    } else if (p->copy_src != NULL) { /* the table has the copy's columns */
+        char s[32];
+        if (row->has_copy) {
+            printf("%-4s %8s %10.3f %9.4f %10.3f %9.4f %7.3f %10.3f %9.4f %7.3f %7zu\n", op,
+                   perf_size_str(size, s, sizeof(s)), e, egb, u, ugb, ratio, c, cgb, cratio,
+                   row->n[IMPL_EMA]);
+        } else {
+            printf("%-4s %8s %10.3f %9.4f %10.3f %9.4f %7.3f %10s %9s %7s %7zu\n", op,
+                   perf_size_str(size, s, sizeof(s)), e, egb, u, ugb, ratio, "-", "-", "-",
+                   row->n[IMPL_EMA]);
+        }
     } else {
         char s[32];
         printf("%-4s %8s %10.3f %9.4f %10.3f %9.4f %7.3f %7zu\n", op,
@@ -1949,6 +2062,13 @@ int main(int argc, char **argv)
     } else {
         perf_mem_zero(p, p->data_base, p->o.max);
     }
+    if (p->rank == PERF_ORIGIN && p->gpu && (opmask & 3u)) {
+        /* put, get: the copy reference's two buffers */
+        if ((p->copy_src = perf_gpu_alloc(p->o.max)) == NULL ||
+            (p->copy_dst = perf_gpu_alloc(p->o.max)) == NULL) {
+            perf_die("copy reference buffers (2 x %zu bytes): %s", p->o.max, perf_gpu_error());
+        }
+    }
     EMA_CHECK(ema_barrier());
 
     perf_raw_setup(p);
@@ -2013,6 +2133,8 @@ int main(int argc, char **argv)
     }
     if (p->gpu) {
         perf_gpu_free(p->buf);
+        perf_gpu_free(p->copy_src);
+        perf_gpu_free(p->copy_dst);
     } else {
         free(p->buf);
     }

@@ -2,7 +2,8 @@
  * ema_perf's GPU side (built with nvcc when configure finds it): device
  * buffers, the data pattern written and checked by kernels, and the timings
  * that the GPU itself takes with CUDA events: a cudaMemcpy of the same bytes
- * (the reference of a reclaim) and a kernel streaming over a window.
+ * (the reference of a reclaim, and of put and get: perf_gpu_copy_d2d between
+ * the marks) and a kernel streaming over a window.
  *
  * The CUDA runtime is linked statically and loads the driver on first use,
  * so ema_perf still starts on a machine with no GPU; these functions are
@@ -277,6 +278,13 @@ extern "C" int perf_gpu_check(const void *p, size_t len, uint64_t salt, uint64_t
 extern "C" int perf_gpu_copy(void *dst, const void *src, size_t len)
 {
     GPU_CALL(cudaMemcpyAsync(dst, src, len, cudaMemcpyDefault, perf_gpu_stream));
+    GPU_CALL(cudaStreamSynchronize(perf_gpu_stream));
+    return 0;
+}
+
+extern "C" int perf_gpu_copy_d2d(void *dst, const void *src, size_t len)
+{
+    GPU_CALL(cudaMemcpyAsync(dst, src, len, cudaMemcpyDeviceToDevice, perf_gpu_stream));
     GPU_CALL(cudaStreamSynchronize(perf_gpu_stream));
     return 0;
 }

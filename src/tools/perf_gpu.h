@@ -27,6 +27,9 @@ int   perf_gpu_fill(void *p, size_t len, uint64_t salt, int zero);
  * added to every word, or (size_t)-1. */
 int   perf_gpu_check(const void *p, size_t len, uint64_t salt, uint64_t add, size_t *bad_p);
 int   perf_gpu_copy(void *dst, const void *src, size_t len);
+/* The put/get rows' copy reference, one iteration: cudaMemcpyAsync device to
+ * device on ema_perf's stream, then cudaStreamSynchronize (an op + flush). */
+int   perf_gpu_copy_d2d(void *dst, const void *src, size_t len);
 /* Timed with CUDA events: one cudaMemcpy device to device; @passes of a
  * kernel that reads and writes every word of [p, p+len) (adds 1). */
 int   perf_gpu_memcpy_us(void *dst, const void *src, size_t len, double *us_p);
@@ -52,6 +55,8 @@ static inline int   perf_gpu_check(const void *p, size_t len, uint64_t salt, uin
                                    size_t *bad_p)
 { (void)p; (void)len; (void)salt; (void)add; (void)bad_p; return -1; }
 static inline int   perf_gpu_copy(void *dst, const void *src, size_t len)
+{ (void)dst; (void)src; (void)len; return -1; }
+static inline int   perf_gpu_copy_d2d(void *dst, const void *src, size_t len)
 { (void)dst; (void)src; (void)len; return -1; }
 static inline int   perf_gpu_memcpy_us(void *dst, const void *src, size_t len, double *us_p)
 { (void)dst; (void)src; (void)len; (void)us_p; return -1; }

@@ -2,7 +2,7 @@
 # gpu-suite.sh: build EMA with CUDA and run its checks on a GPU machine.
 #
 #   contrib/gpu-suite.sh --with-ucx=DIR [--with-pmix=DIR] [--build-dir=DIR]
-#                        [--timeout=SECONDS] [--jobs=N] [--np="2 4"]
+#                        [--timeout=SECONDS] [--jobs=N] [--np="2 4"] [--perf-only]
 #
 # DIR for --with-ucx is a UCX install built with CUDA support (configure
 # --with-cuda); Debian/Ubuntu's UCX packages lack cuda_ipc.  Steps:
@@ -16,7 +16,8 @@
 #      ranks; 5. examples/cuda_window and the Python GPU consumer
 #      (examples/python/cuda_consumer.py) on 1, 2 and 4 ranks; 6. ema_perf on 2
 #      ranks (CSV, kept as $OUT/ema_perf.csv), failing when put or get at 2 MiB
-#      or 64 MiB is below GPU_SUITE_MIN_RATIO (0.8) x raw UCX in the same run.
+#      or 64 MiB is below GPU_SUITE_MIN_RATIO (0.8) x raw UCX in the same run,
+#      or when the cuda path in use is not zero-copy (ema_init's warning).
 # Each rank gets EMA_DEVICE_MEMORY=2G unless it is set (ema_perf: 10G): 16
 # segments of the default 128 MiB.
 # Check is not needed: configure skips the unit tests without it.
@@ -29,7 +30,7 @@ usage() {
     exit "${1:-2}"
 }
 
-ucx='' pmix='' build='' timeout=180 jobs=$(nproc 2>/dev/null || echo 4) nps="2 4"
+ucx='' pmix='' build='' perf_only=0 timeout=180 jobs=$(nproc 2>/dev/null || echo 4) nps="2 4"
 for arg in "$@"; do
     case $arg in
     --with-ucx=*)  ucx=${arg#*=} ;;
@@ -38,6 +39,7 @@ for arg in "$@"; do
     --timeout=*)   timeout=${arg#*=} ;;
     --jobs=*)      jobs=${arg#*=} ;;
     --np=*)        nps=${arg#*=} ;;
+    --perf-only)   perf_only=1 ;;
     -h|--help)     usage 0 ;;
     *)             echo "gpu-suite: unknown argument '$arg'" >&2; usage ;;
     esac
@@ -167,6 +169,7 @@ run_mpi_env() { # NP VAR=VALUE... -- PROGRAM ARGS...: with these set on every ra
         "${f[@]}" "${x[@]}" -n "$np" "$@"
 }
 
+if [ "$perf_only" = 0 ]; then # --perf-only: build, then the ema_perf step alone
 step "ema_info" "$build/src/tools/ema_info"
 
 progs=()
@@ -265,6 +268,8 @@ else
     echo "gpu-suite: python cuda_consumer not run (no python3, or no _gpu_check.so: no nvcc?)"
 fi
 
+fi # perf_only
+
 # The figures of the README's headline table and doc/performance.md: put/get
 # at 2 MiB..64 MiB against raw UCX cuda_ipc, borrow, reclaim and prefetch
 # against cudaMemcpy, the kernel row.
@@ -300,9 +305,19 @@ perf_gate() { # the CSV of the ema_perf step, read by position:
         }' "$perf_csv"
 }
 perf_step() {
+    local err=$out/ema_perf.err rc=0
     run_mpi 2 "$build/src/tools/ema_perf" --csv --min 2M --max 64M --reclaim-sizes 1G,4G \
-        >"$perf_csv" || return 1
+        >"$perf_csv" 2>"$err" || rc=1
     cat "$perf_csv"
+    grep -v 'cuMemUnmap\|cuDevicePrimaryCtxGetState' "$err" | head -n 20
+    [ $rc -eq 0 ] || return 1
+    # The path in use must be zero-copy: ema_init warns on every rank when
+    # the path it chose (EMA_CUDA_PATH) stages put and get through the host.
+    if grep -q 'not zero-copy' "$err"; then
+        echo "gpu-suite: the cuda path in use is not zero-copy (ema_init's warning above)"
+        perf_gate
+        return 1
+    fi
     perf_gate
 }
 EMA_DEVICE_MEMORY=10G step "ema_perf np2 (put/get >= ${GPU_SUITE_MIN_RATIO:-0.8}x raw UCX)" perf_step

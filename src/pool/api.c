@@ -13,6 +13,7 @@ EMA_EXPORT ema_status_t ema_reclaim(size_t bytes, uint64_t timeout_ms)
     if (status != EMA_SUCCESS) {
         return status;
     }
+    EMA_WIN_ASSERT_NONE_LOCKED(); /* ema__pool_reclaim waits on migrations */
     ema__pool_t *pool = ema__pool_world;
     size_t seg = pool->win->seg_size;
     if (bytes == 0 || bytes > pool->arena->capacity) {

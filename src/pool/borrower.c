@@ -388,6 +388,7 @@ static void ema_pool_release(void *arg, const ema__loc_t *old, uint32_t n)
 static void ema_pool_reclaim_for_self(void *arg, uint32_t need)
 {
     ema__pool_t *pool = arg;
+    EMA_WIN_ASSERT_NONE_LOCKED(); /* ema__win_mem_ops_t: without any window lock */
     pthread_mutex_lock(&pool->lock);
     uint32_t lent = pool->arena->pool.nlent;
     pthread_mutex_unlock(&pool->lock);
@@ -455,6 +456,8 @@ void ema__pool_recall_job(void *arg)
     uint8_t *held       = calloc(n ? n : 1, 1);
     uint32_t *refuse    = calloc(n ? n : 1, sizeof(*refuse));
     int granted         = 0;
+
+    EMA_WIN_ASSERT_NONE_LOCKED(); /* a long job; ema__win_recall takes the locks */
 
     if (found == NULL || held == NULL || refuse == NULL) {
         ema_error("out of memory handling a recall from rank %d", job->src);

@@ -132,6 +132,9 @@ ema_status_t ema__pool_reclaim(ema__pool_t *pool, uint32_t target, uint64_t time
     ema_status_t status = EMA_SUCCESS;
     uint32_t *segs = malloc(sizeof(uint32_t) * (nsegs ? nsegs : 1));
 
+    /* waits for the borrowers' migrations, which need their windows' locks
+     * and may need ours: never under a window's lock */
+    EMA_WIN_ASSERT_NONE_LOCKED();
     *withheld_p = 0;
     if (segs == NULL) {
         return EMA_ERR_NO_MEMORY;

@@ -1,7 +1,9 @@
 #include "log.h"
+#include "assertion.h"
 
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -43,4 +45,18 @@ void ema__log(ema_log_level_t level, const char *file, int line, const char *fmt
     ssize_t w = write(STDERR_FILENO, out, (size_t)n);
     (void)w;
     errno = saved_errno;
+}
+
+void ema__assert_fail(const char *file, int line, const char *func, const char *fmt, ...)
+{
+    char msg[768];
+    va_list ap;
+
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    /* whatever EMA_LOG_LEVEL says: errors are always logged */
+    ema__log(EMA_LOG_ERROR, file, line, "assertion failed at %s:%d in %s(): %s (a bug in EMA)",
+             file, line, func, msg);
+    abort();
 }

@@ -300,6 +300,7 @@ void ema__win_coherence_init(ema__win_ctx_t *ctx)
 ema_status_t ema__win_invalidate_runs(ema_win_h win, const uint32_t *first,
                                      const uint32_t *count, uint32_t nruns)
 {
+    EMA_WIN_ASSERT_LOCKED(win);
     ema__win_ctx_t *ctx = win->ctx;
     ema_win_waiter_t w;
     ema_win_msg_t m;
@@ -341,11 +342,13 @@ ema_status_t ema__win_invalidate_runs(ema_win_h win, const uint32_t *first,
 
 ema_status_t ema__win_invalidate(ema_win_h win, uint32_t first, uint32_t count)
 {
+    EMA_WIN_ASSERT_LOCKED(win);
     return ema__win_invalidate_runs(win, &first, &count, 1);
 }
 
 ema_status_t ema__win_publish(ema_win_h win, uint32_t first, uint32_t count)
 {
+    EMA_WIN_ASSERT_LOCKED(win); /* one version at a time */
     ema__win_ctx_t *ctx = win->ctx;
     ema__win_part_t *p  = &win->parts[ctx->rank];
     ema_status_t status = EMA_SUCCESS;
@@ -376,6 +379,7 @@ ema_status_t ema__win_publish(ema_win_h win, uint32_t first, uint32_t count)
 
 ema_status_t ema__win_fetch(ema_win_h win, int part)
 {
+    EMA_WIN_ASSERT_UNLOCKED(win);
     ema__win_ctx_t *ctx = win->ctx;
     ema_win_waiter_t w;
     ema_win_msg_t m;

@@ -25,6 +25,7 @@ EMA_EXPORT ema_status_t ema_win_free(ema_win_h win)
         return status;
     }
     ema__win_ctx_t *ctx = win->ctx;
+    EMA_WIN_ASSERT_NONE_LOCKED(); /* runs long jobs, which take window locks */
     /* A queued prefetch uses the window: let it run (here too, in case
      * there is no progress thread) before the window goes. */
     ema__xport_wait_until(ctx->xp, EMA_WAIT_LONG, 0, ema_win_no_prefetch, win);
@@ -63,6 +64,7 @@ EMA_EXPORT ema_status_t ema_win_grow(ema_win_h win, size_t new_size)
 
     /* Find the memory first, without holding the window: reclaiming and
      * borrowing wait on peers, whose migrations may need this window. */
+    EMA_WIN_ASSERT_NONE_LOCKED();
     uint32_t cur  = atomic_load(&part->nsegs);
     uint32_t want = (uint32_t)((new_size + seg - 1) / seg) - cur;
     ema__loc_t *locs = calloc(want ? want : 1, sizeof(*locs));
@@ -86,11 +88,11 @@ EMA_EXPORT ema_status_t ema_win_grow(ema_win_h win, size_t new_size)
         goto err_release;
     }
 
-    pthread_mutex_lock(&win->lock);
+    ema__win_lock(win);
     if (atomic_load(&part->nsegs) != cur) {
         /* another thread grew or shrank meanwhile: calls on one window's
          * size must not race (ema(7)) */
-        pthread_mutex_unlock(&win->lock);
+        ema__win_unlock(win);
         status = EMA_ERR_STATE;
         goto err_release;
     }
@@ -98,7 +100,7 @@ EMA_EXPORT ema_status_t ema_win_grow(ema_win_h win, size_t new_size)
         status = ema__win_seg_map(win, cur + i, locs[i], handles[i]);
         if (status != EMA_SUCCESS) {
             ema__win_seg_unmap(win, cur, i);
-            pthread_mutex_unlock(&win->lock);
+            ema__win_unlock(win);
             goto err_release;
         }
         atomic_store(&part->loc[cur + i], locs[i]);
@@ -107,7 +109,7 @@ EMA_EXPORT ema_status_t ema_win_grow(ema_win_h win, size_t new_size)
     atomic_store(&part->size, new_size);
     ctx->mem_ops->mapped(ctx->mem_arg, locs, want);
     status = ema__win_publish(win, cur, want);
-    pthread_mutex_unlock(&win->lock);
+    ema__win_unlock(win);
     goto out;
 
 err_release:
@@ -123,7 +125,9 @@ out:
  * ones first, then borrowed ones, held ones left out.  Called with
  * win->lock held; returns how many, in @idx. */
 static uint32_t ema_win_away(ema_win_h win, uint32_t first, uint32_t last, uint32_t *idx)
+    EMA_REQUIRES(win->lock)
 {
+    EMA_WIN_ASSERT_LOCKED(win);
     ema__win_part_t *part = &win->parts[win->ctx->rank];
     uint32_t n = 0;
 
@@ -156,10 +160,11 @@ static void ema_win_bring_home(ema_win_h win, uint32_t first, uint32_t last)
     ema__loc_t *locs = NULL;
     int64_t *hdls = NULL;
 
-    pthread_mutex_lock(&win->lock);
+    EMA_WIN_ASSERT_NONE_LOCKED(); /* the reclaim callback runs without it */
+    ema__win_lock(win);
     uint32_t ns = atomic_load(&part->nsegs);
     if (ns == 0 || first >= ns) {
-        pthread_mutex_unlock(&win->lock);
+        ema__win_unlock(win);
         return;
     }
     last = (last < ns) ? last : ns - 1;
@@ -168,14 +173,14 @@ static void ema_win_bring_home(ema_win_h win, uint32_t first, uint32_t last)
     locs = calloc(want, sizeof(*locs));
     hdls = calloc(want, sizeof(*hdls));
     if (idx == NULL || locs == NULL || hdls == NULL) {
-        pthread_mutex_unlock(&win->lock);
+        ema__win_unlock(win);
         goto out;
     }
     ema_reclaim_cb cb = win->reclaim_cb;
     void *cb_arg      = win->reclaim_arg;
     uint32_t nfree    = ema__seg_pool_nfree(&ctx->tier[EMA_TIER_DEVICE]->pool);
     n = ema_win_away(win, first, last, idx);
-    pthread_mutex_unlock(&win->lock);
+    ema__win_unlock(win);
     if (n == 0) {
         goto out;
     }
@@ -184,7 +189,7 @@ static void ema_win_bring_home(ema_win_h win, uint32_t first, uint32_t last)
         ema__win_notify(win, cb, cb_arg, idx, (n < nfree) ? n : nfree);
     }
 
-    pthread_mutex_lock(&win->lock);
+    ema__win_lock(win);
     ns = atomic_load(&part->nsegs);
     n  = (first < ns) ? ema_win_away(win, first, (last < ns) ? last : ns - 1, idx) : 0;
     if (n > 0) {
@@ -195,7 +200,7 @@ static void ema_win_bring_home(ema_win_h win, uint32_t first, uint32_t last)
             ema__win_move(win, idx, got, -1, locs, hdls);
         }
     }
-    pthread_mutex_unlock(&win->lock);
+    ema__win_unlock(win);
 out:
     free(idx);
     free(locs);
@@ -221,20 +226,21 @@ static ema_status_t win_shrink(ema_win_h win, size_t new_size)
     size_t seg            = ctx->seg_size;
     ema_status_t status;
 
-    pthread_mutex_lock(&win->lock);
+    EMA_WIN_ASSERT_NONE_LOCKED(); /* takes win->lock; ema_win_bring_home */
+    ema__win_lock(win);
     uint32_t cur  = atomic_load(&part->nsegs);
     uint32_t keep = (uint32_t)((new_size + seg - 1) / seg);
     uint32_t drop = cur - keep;
     ema__loc_t *old = calloc(drop ? drop : 1, sizeof(*old));
     if (old == NULL) {
-        pthread_mutex_unlock(&win->lock);
+        ema__win_unlock(win);
         return EMA_ERR_NO_MEMORY;
     }
     if (drop > 0) {
         /* nobody may use the dropped segments any more */
         status = ema__win_invalidate(win, keep, drop);
         if (status != EMA_SUCCESS) {
-            pthread_mutex_unlock(&win->lock);
+            ema__win_unlock(win);
             free(old);
             return status;
         }
@@ -247,7 +253,7 @@ static ema_status_t win_shrink(ema_win_h win, size_t new_size)
     atomic_store(&part->nsegs, keep);
     status = ema__win_publish(win, keep, 0);
     ema__win_wanted_bytes(win); /* forgets the wanted segments dropped */
-    pthread_mutex_unlock(&win->lock);
+    ema__win_unlock(win);
     ctx->mem_ops->release(ctx->mem_arg, old, drop);
     free(old);
 
@@ -266,10 +272,11 @@ EMA_EXPORT ema_status_t ema_win_set_reclaim_cb(ema_win_h win, ema_reclaim_cb cb,
     if (status != EMA_SUCCESS) {
         return status;
     }
-    pthread_mutex_lock(&win->lock); /* migrations read it under the lock */
+    EMA_WIN_ASSERT_UNLOCKED(win);
+    ema__win_lock(win); /* migrations read it under the lock */
     win->reclaim_cb  = cb;
     win->reclaim_arg = cb ? arg : NULL;
-    pthread_mutex_unlock(&win->lock);
+    ema__win_unlock(win);
     return EMA_SUCCESS;
 }
 
@@ -285,6 +292,9 @@ static ema_status_t ema_win_hold(ema_win_h win, size_t offset, size_t len, int d
     if (status != EMA_SUCCESS) {
         return status;
     }
+    /* An acquire waits until MOVING clears, which the thread holding
+     * win->lock (a move) does: never wait for oneself. */
+    EMA_WIN_ASSERT_UNLOCKED(win);
     ema__win_part_t *part = &win->parts[win->ctx->rank];
     size_t seg = win->ctx->seg_size, size = atomic_load(&part->size);
     if (len == 0) {
@@ -345,6 +355,7 @@ static void ema_win_prefetch_job(void *arg)
     ema_win_prefetch_t *job = arg;
     ema__win_ctx_t *ctx     = job->win->ctx;
 
+    EMA_WIN_ASSERT_NONE_LOCKED(); /* a long job: run where no EMA lock is held */
     ema_win_bring_home(job->win, job->first, job->last);
     ctx->mem_ops->changed(ctx->mem_arg, EMA_WIN_CHANGED_MEMORY);
     atomic_fetch_sub(&job->win->prefetching, 1);
@@ -397,7 +408,8 @@ EMA_EXPORT ema_status_t ema_win_stat(ema_win_h win, ema_win_stat_t *stat_p)
     ema__win_part_t *part = &win->parts[ctx->rank];
     ema_win_stat_t st;
     memset(&st, 0, sizeof(st));
-    pthread_mutex_lock(&win->lock);
+    EMA_WIN_ASSERT_UNLOCKED(win);
+    ema__win_lock(win);
     uint32_t n = atomic_load(&part->nsegs);
     st.size     = atomic_load(&part->size);
     st.max_size = win->reserved;
@@ -417,7 +429,7 @@ EMA_EXPORT ema_status_t ema_win_stat(ema_win_h win, ema_win_stat_t *stat_p)
     }
     st.migrations = win->stats.migrations;
     st.bytes_wanted = ema__win_wanted_bytes(win);
-    pthread_mutex_unlock(&win->lock);
+    ema__win_unlock(win);
     st.field_mask = known;
     /* every field up to reserved[], which a later version fills */
     memcpy(stat_p, &st, offsetof(ema_win_stat_t, reserved));

@@ -41,6 +41,7 @@ typedef struct {
 
 static void ema_win_remap_main(ema_win_remap_t *rm)
 {
+    EMA_WIN_ASSERT_LOCKED(rm->win);
     for (uint32_t i = 0; i < rm->n;) {
         uint32_t j = i + 1;
         while (j < rm->n && rm->idx[j] == rm->idx[j - 1] + 1 &&
@@ -94,6 +95,7 @@ static int ema_win_cmp_u32(const void *a, const void *b)
 ema_status_t ema__win_move(ema_win_h win, uint32_t *idx, uint32_t n, int exclude,
                           const ema__loc_t *targets, const int64_t *handles)
 {
+    EMA_WIN_ASSERT_LOCKED(win);
     ema__win_ctx_t *ctx   = win->ctx;
     ema__win_part_t *part = &win->parts[ctx->rank];
     size_t seg = ctx->seg_size;
@@ -239,7 +241,9 @@ out:
  * to their lender: tell the owner (ema_win_stat's bytes_wanted) until they
  * leave the part.  Called with win->lock held. */
 static void ema_win_note_wanted(ema_win_h win, int src, const uint32_t *segs, uint32_t n)
+    EMA_REQUIRES(win->lock)
 {
+    EMA_WIN_ASSERT_LOCKED(win);
     ema__win_stats_t *st = &win->stats;
 
     for (uint32_t k = 0; k < n; k++) {
@@ -268,6 +272,7 @@ static void ema_win_note_wanted(ema_win_h win, int src, const uint32_t *segs, ui
 
 size_t ema__win_wanted_bytes(ema_win_h win)
 {
+    EMA_WIN_ASSERT_LOCKED(win);
     ema__win_stats_t *ws  = &win->stats;
     ema__win_part_t *part = &win->parts[win->ctx->rank];
     size_t seg  = win->ctx->seg_size, size = atomic_load(&part->size), bytes = 0;
@@ -300,6 +305,7 @@ size_t ema__win_wanted_bytes(ema_win_h win)
 void ema__win_notify(ema_win_h win, ema_reclaim_cb cb, void *cb_arg, const uint32_t *idx,
                      uint32_t n)
 {
+    EMA_WIN_ASSERT_NONE_LOCKED(); /* the callback may call any ema_win_* */
     size_t seg     = win->ctx->seg_size;
     uint32_t *runs = (cb != NULL && n > 0) ? malloc(n * sizeof(*runs)) : NULL;
 
@@ -329,7 +335,9 @@ void ema__win_notify(ema_win_h win, ema_reclaim_cb cb, void *cb_arg, const uint3
 static uint32_t ema_win_recall_collect(ema_win_h win, int src, const uint32_t *segs,
                                        uint32_t n, uint8_t *found,
                                         int mark, uint32_t *idx)
+    EMA_REQUIRES(win->lock)
 {
+    EMA_WIN_ASSERT_LOCKED(win);
     ema__win_part_t *part = &win->parts[win->ctx->rank];
     uint32_t ns = atomic_load(&part->nsegs), m = 0;
 
@@ -367,6 +375,7 @@ void ema__win_recall(ema__win_ctx_t *ctx, int src, const uint32_t *segs, uint32_
     uint32_t *idx2 = calloc(n ? n : 1, sizeof(*idx2));
     uint32_t nrefuse = 0;
 
+    EMA_WIN_ASSERT_NONE_LOCKED(); /* takes each window's lock; the callback */
     if (idx == NULL || idx2 == NULL) {
         ema_error("out of memory handling a recall from rank %d", src);
         goto out;
@@ -378,16 +387,16 @@ void ema__win_recall(ema__win_ctx_t *ctx, int src, const uint32_t *segs, uint32_
         uint32_t m = 0;
         if (!notified) {
             /* the owner hears first, and may release what it held */
-            pthread_mutex_lock(&win->lock);
+            ema__win_lock(win);
             ema_reclaim_cb cb = win->reclaim_cb;
             void *cb_arg      = win->reclaim_arg;
             if (win->magic == EMA_WIN_MAGIC && cb != NULL) {
                 m = ema_win_recall_collect(win, src, segs, n, found, 0, idx);
             }
-            pthread_mutex_unlock(&win->lock);
+            ema__win_unlock(win);
             ema__win_notify(win, cb, cb_arg, idx, m);
         }
-        pthread_mutex_lock(&win->lock);
+        ema__win_lock(win);
         if (win->magic == EMA_WIN_MAGIC) {
             ema__win_part_t *part = &win->parts[ctx->rank];
             m = ema_win_recall_collect(win, src, segs, n, found, 1, idx);
@@ -423,7 +432,7 @@ void ema__win_recall(ema__win_ctx_t *ctx, int src, const uint32_t *segs, uint32_
                 }
             }
         }
-        pthread_mutex_unlock(&win->lock);
+        ema__win_unlock(win);
     }
 out:
     *nrefuse_p = nrefuse;

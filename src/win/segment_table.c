@@ -24,6 +24,7 @@ static ema__mem_arena_t *win_loc_arena(ema__win_ctx_t *ctx, ema__loc_t loc,
 
 ema_status_t ema__win_seg_map(ema_win_h win, uint32_t idx, ema__loc_t loc, int64_t handle)
 {
+    EMA_WIN_ASSERT_LOCKED(win);
     const ema__mem_export_t *exp;
     ema__mem_arena_t *arena = win_loc_arena(win->ctx, loc, &exp);
     return arena->ops->map(arena, exp, EMA_LOC_SEG(loc), handle,
@@ -41,6 +42,7 @@ void ema__win_seg_copy(ema__win_ctx_t *ctx, ema__loc_t dst, ema__loc_t src, uint
 ema_status_t ema__win_seg_map_many(ema_win_h win, uint32_t idx, ema__loc_t loc, uint32_t count,
                                    int64_t handle)
 {
+    EMA_WIN_ASSERT_LOCKED(win);
     const ema__mem_export_t *exp;
     ema__mem_arena_t *arena = win_loc_arena(win->ctx, loc, &exp);
     void *at = (char *)win->base + (size_t)idx * win->ctx->seg_size;
@@ -58,6 +60,7 @@ ema_status_t ema__win_seg_map_many(ema_win_h win, uint32_t idx, ema__loc_t loc, 
 
 ema_status_t ema__win_seg_unmap(ema_win_h win, uint32_t first, uint32_t count)
 {
+    EMA_WIN_ASSERT_LOCKED(win);
     ema__mem_arena_t *arena = win->ctx->tier[EMA_TIER_DEVICE];
     if (count == 0) {
         return EMA_SUCCESS;
@@ -100,6 +103,7 @@ typedef struct {
 ema_status_t ema__win_seg_move_batch(ema_win_h win, const uint32_t *idx, const ema__loc_t *loc,
                                      const int64_t *hdl, uint32_t n, uint32_t *ok_p)
 {
+    EMA_WIN_ASSERT_LOCKED(win);
     ema__win_ctx_t *ctx = win->ctx;
     ema__mem_arena_t *dev = ctx->tier[EMA_TIER_DEVICE];
     size_t seg = ctx->seg_size;
@@ -259,6 +263,9 @@ static int ema_win_drained(void *arg)
 ema_status_t ema__win_inval_local(ema__win_ctx_t *ctx, ema_win_h win, int part, uint32_t first,
                                   uint32_t count)
 {
+    if (part == ctx->rank) {
+        EMA_WIN_ASSERT_LOCKED(win); /* only the owner's move marks its own part */
+    }
     ema__win_part_t *p = &win->parts[part];
 
     for (uint32_t i = first; i < first + count && i < p->max_segs; i++) {

@@ -7,6 +7,8 @@
 #include <string.h>
 #include <unistd.h>
 
+__thread struct ema_win *ema__win_lock_held; /* win.h: assertion builds only */
+
 /* --- the world's memory tiers -------------------------------------------- */
 
 ema_status_t ema__win_ctx_init(ema__win_ctx_t *ctx, ema__xport_t *xp, ema__mem_arena_t *arena,
@@ -270,6 +272,7 @@ void ema__win_ctx_cleanup(ema__win_ctx_t *ctx)
     while (ctx->dead != NULL) {
         struct ema_win *w = ctx->dead;
         ctx->dead = w->next;
+        pthread_mutex_destroy(&w->lock); /* kept alive for ema__win_recall's walk */
         free(w);
     }
     ema__win_cpath_cleanup(ctx);
@@ -328,7 +331,9 @@ ema_status_t ema__win_allocate(ema__win_ctx_t *ctx, ema_status_t arg, size_t siz
     struct ema_win *win = NULL;
     void **blobs = NULL;
     size_t *lens = NULL, desc_len;
-    int taken = 0;
+    int taken = 0, lock_made = 0;
+
+    EMA_WIN_ASSERT_NONE_LOCKED(); /* collective: waits for every rank */
 
     int has_max = params != NULL && (params->field_mask & EMA_WIN_PARAM_FIELD_MAX_SIZE);
     if (arg == EMA_SUCCESS && has_max) {
@@ -371,6 +376,8 @@ ema_status_t ema__win_allocate(ema__win_ctx_t *ctx, ema_status_t arg, size_t siz
         goto exchange;
     }
     pthread_mutex_init(&win->lock, NULL);
+    atomic_init(&win->lock_owner, 0);
+    lock_made = 1; /* destroyed on error */
     if (arg != EMA_SUCCESS) {
         local = arg;
         goto exchange;
@@ -492,6 +499,9 @@ err_unmap:
             arena->ops->unreserve(arena, win->base, win->reserved);
         }
         free(win->held);
+        if (lock_made) {
+            pthread_mutex_destroy(&win->lock);
+        }
     }
     if (taken) {
         ema__seg_pool_free(&arena->pool, nsegs, segs);
@@ -508,6 +518,7 @@ ema_status_t ema__win_free(ema__win_ctx_t *ctx, ema_win_h win)
     ema__mem_arena_t *arena = ctx->tier[EMA_TIER_DEVICE];
     ema_status_t status;
 
+    EMA_WIN_ASSERT_NONE_LOCKED(); /* takes win->lock; waits in barriers */
     /* Complete our own operations, then wait until every rank has, so nobody
      * touches our part once we unmap it. */
     status = ema__xport_flush(ctx->xp);
@@ -518,7 +529,7 @@ ema_status_t ema__win_free(ema__win_ctx_t *ctx, ema_win_h win)
     if (status != EMA_SUCCESS) {
         return status;
     }
-    pthread_mutex_lock(&win->lock);
+    ema__win_lock(win);
     win->magic = EMA_WIN_MAGIC_DEAD;
     pthread_mutex_lock(&ctx->lock);
     for (struct ema_win **pp = &ctx->wins; *pp != NULL; pp = &(*pp)->next) {
@@ -547,8 +558,10 @@ ema_status_t ema__win_free(ema__win_ctx_t *ctx, ema_win_h win)
     if (win->base != NULL) {
         arena->ops->unreserve(arena, win->base, win->reserved);
     }
-    pthread_mutex_unlock(&win->lock);
-    pthread_mutex_destroy(&win->lock);
+    ema__win_unlock(win);
+    /* win->lock stays until ema__win_ctx_cleanup: a recall walking the list
+     * may still lock this window, then sees it dead and skips it (locking a
+     * destroyed mutex is undefined). */
     win_release_parts(ctx, win->parts);
     free(win->held);
     free(win->stats.wanted);

@@ -24,6 +24,17 @@
  * ctx->lock, coll_lock and defer_lock under UCX's lock.  The pool never
  * takes win->lock.
  *
+ * win->lock is taken only with ema__win_lock/ema__win_unlock, which record
+ * the owning thread (below, "win->lock: owner tracking and assertions").
+ * A function that requires it starts with EMA_WIN_ASSERT_LOCKED(win); one
+ * that takes it, or must not run under it, with EMA_WIN_ASSERT_UNLOCKED(win)
+ * or, where no window's lock may be held (the reclaim callback, recalls,
+ * long jobs, waits on peers' migrations, the pool's reclaims),
+ * EMA_WIN_ASSERT_NONE_LOCKED().  Taking a second window's lock, or the same
+ * one twice, aborts too.  On by default (make check runs them); compiled
+ * out with NDEBUG or configure --disable-assertions.  The declarations
+ * carry the same rules for clang -Wthread-safety (EMA_REQUIRES, _EXCLUDES).
+ *
  * Threads:
  * - application threads: put/get/atomics take no EMA mutex (on cuda the
  *   holder of an atomic's word takes amo_lock); every wait progresses UCX,
@@ -51,8 +62,11 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <stdatomic.h>
+#include <stdint.h>
+#include <string.h>
 
 #include "mem/mem.h"
+#include "util/assertion.h"
 #include "util/state.h"
 #include "xport/xport.h"
 
@@ -218,6 +232,10 @@ typedef struct ema__win_ctx {
     ema__win_cpath_t   cpath;   /* the cuda kind's direct path */
 } ema__win_ctx_t;
 
+/* A window's lock: a pthread mutex that clang's -Wthread-safety knows as a
+ * capability (util/assertion.h). */
+typedef pthread_mutex_t ema__win_mutex_t EMA_CAPABILITY("mutex");
+
 struct ema_win {
     uint32_t         magic;
     uint32_t         id;
@@ -228,7 +246,13 @@ struct ema_win {
     struct ema_win  *next;
 
     /* owner side */
-    pthread_mutex_t  lock;     /* structural changes of the own part */
+    ema__win_mutex_t lock;     /* structural changes of the own part; taken
+                                  only with ema__win_lock/_unlock.  Kept
+                                  until finalize, also once the window is
+                                  freed (ema__win_recall may lock a dead
+                                  window, and then skips it) */
+    _Atomic uintptr_t lock_owner; /* the thread holding lock (pthread_self),
+                                     0 if none: assertion builds only */
     ema_reclaim_cb   reclaim_cb;
     void            *reclaim_arg;
     atomic_int      *held;     /* [max_segs]: ema_win_acquire counts */
@@ -251,6 +275,108 @@ struct ema_request {
 };
 
 extern ema__win_ctx_t *ema__win_world;
+
+/* --- win->lock: owner tracking and assertions ------------------------------
+ *
+ * win->lock is taken and dropped only with ema__win_lock(win) and
+ * ema__win_unlock(win).  Where assertions are built (util/assertion.h: by
+ * default; not with NDEBUG or configure --disable-assertions) they record
+ * the owning thread in win->lock_owner, and the window whose lock this
+ * thread holds in ema__win_lock_held, and check:
+ *   ema__win_lock       this thread holds no window's lock yet (the mutex is
+ *                       not recursive, and one window's lock at a time);
+ *   ema__win_unlock     this thread holds it;
+ *   EMA_WIN_ASSERT_LOCKED(win)    this thread holds win->lock (a function
+ *                                 that requires it; first in its body);
+ *   EMA_WIN_ASSERT_UNLOCKED(win)  this thread does not hold win->lock (a
+ *                                 function that takes it, or waits for what
+ *                                 only its holder can finish);
+ *   EMA_WIN_ASSERT_NONE_LOCKED()  this thread holds no window's lock (the
+ *                                 reclaim callback, recalls, long jobs,
+ *                                 waits on peers' migrations; the pool).
+ * A failure logs the caller's file:line and function, and aborts.  Without
+ * assertions the helpers are pthread_mutex_lock/unlock and the checks
+ * nothing.  The same rules are clang -Wthread-safety annotations on the
+ * functions below (EMA_REQUIRES, EMA_EXCLUDES).
+ */
+
+/* The window whose lock this thread holds, NULL if none (assertion builds). */
+extern __thread struct ema_win *ema__win_lock_held;
+
+static inline uintptr_t ema__win_self(void)
+{
+    return (uintptr_t)pthread_self();
+}
+
+static inline int ema__win_locked_by_self(const struct ema_win *win)
+{
+    return atomic_load_explicit(&win->lock_owner, memory_order_relaxed) == ema__win_self();
+}
+
+static inline void ema__win_lock_at(struct ema_win *win, const char *file, int line,
+                                    const char *func)
+    EMA_ACQUIRE(win->lock) EMA_NO_THREAD_SAFETY_ANALYSIS
+{
+#if EMA_ASSERTIONS
+    struct ema_win *held = ema__win_lock_held;
+    EMA_ASSERT_AT(held != win, file, line, func,
+                  "window %u: this thread already holds its lock (not recursive)", win->id);
+    EMA_ASSERT_AT(held == NULL, file, line, func,
+                  "window %u: locking it while this thread holds window %u's lock (one "
+                  "window's lock at a time)", win->id, held ? held->id : 0);
+#endif
+    int rc = pthread_mutex_lock(&win->lock);
+#if EMA_ASSERTIONS
+    EMA_ASSERT_AT(rc == 0, file, line, func, "window %u: pthread_mutex_lock: %s", win->id,
+                  strerror(rc));
+    atomic_store_explicit(&win->lock_owner, ema__win_self(), memory_order_relaxed);
+    ema__win_lock_held = win;
+#else
+    (void)rc;
+    (void)file, (void)line, (void)func;
+#endif
+}
+
+static inline void ema__win_unlock_at(struct ema_win *win, const char *file, int line,
+                                      const char *func)
+    EMA_RELEASE(win->lock) EMA_NO_THREAD_SAFETY_ANALYSIS
+{
+#if EMA_ASSERTIONS
+    EMA_ASSERT_AT(ema__win_locked_by_self(win), file, line, func,
+                  "window %u: unlocking a lock this thread does not hold", win->id);
+    atomic_store_explicit(&win->lock_owner, 0, memory_order_relaxed);
+    ema__win_lock_held = NULL;
+#else
+    (void)file, (void)line, (void)func;
+#endif
+    pthread_mutex_unlock(&win->lock);
+}
+
+static inline void ema__win_assert_locked_at(const struct ema_win *win, const char *file,
+                                             int line, const char *func)
+    EMA_ASSERT_CAPABILITY(win->lock) EMA_NO_THREAD_SAFETY_ANALYSIS
+{
+    EMA_ASSERT_AT(ema__win_locked_by_self(win), file, line, func,
+                  "window %u: requires its lock, which this thread does not hold", win->id);
+}
+
+static inline void ema__win_assert_unlocked_at(const struct ema_win *win, const char *file,
+                                               int line, const char *func)
+{
+    EMA_ASSERT_AT(!ema__win_locked_by_self(win), file, line, func,
+                  "window %u: must not be called with its lock held", win->id);
+}
+
+#define ema__win_lock(_win)   ema__win_lock_at((_win), __FILE__, __LINE__, __func__)
+#define ema__win_unlock(_win) ema__win_unlock_at((_win), __FILE__, __LINE__, __func__)
+#define EMA_WIN_ASSERT_LOCKED(_win) \
+    ema__win_assert_locked_at((_win), __FILE__, __LINE__, __func__)
+#define EMA_WIN_ASSERT_UNLOCKED(_win) \
+    ema__win_assert_unlocked_at((_win), __FILE__, __LINE__, __func__)
+#define EMA_WIN_ASSERT_NONE_LOCKED()                                                 \
+    EMA_ASSERT(ema__win_lock_held == NULL,                                           \
+               "must not be called with a window's lock held (this thread holds "    \
+               "window %u's)", ema__win_lock_held ? ema__win_lock_held->id : 0)
 
 ema_status_t ema__win_ctx_init(ema__win_ctx_t *ctx, ema__xport_t *xp, ema__mem_arena_t *arena,
                                ema__mem_arena_t *spill, int rank, int size);
@@ -290,7 +416,7 @@ ema_status_t ema__win_allocate(ema__win_ctx_t *ctx, ema_status_t arg, size_t siz
                                const ema_win_params_t *params, void **base_p, ema_win_h *win_p);
 /* Collective: flush, barrier, then unmap the own part and give its
  * borrowed and spilled segments back (ctx->mem_ops). */
-ema_status_t ema__win_free(ema__win_ctx_t *ctx, ema_win_h win);
+ema_status_t ema__win_free(ema__win_ctx_t *ctx, ema_win_h win) EMA_EXCLUDES(win->lock);
 ema_win_h    ema__win_find(ema__win_ctx_t *ctx, uint32_t id);
 
 /* Check a handle: EMA_ERR_INVALID_HANDLE for NULL, freed or foreign handles. */
@@ -311,14 +437,18 @@ static inline ema_status_t ema__win_check_live(ema_win_h win)
 
 /* --- segment tables (win/segment_table.c) -------------------------------- */
 
+/* The functions on @win's own part (map, move, unmap) require win->lock. */
+
 /* Map segment @loc (handle @handle) at index @idx of the own part. */
-ema_status_t ema__win_seg_map(ema_win_h win, uint32_t idx, ema__loc_t loc, int64_t handle);
+ema_status_t ema__win_seg_map(ema_win_h win, uint32_t idx, ema__loc_t loc, int64_t handle)
+    EMA_REQUIRES(win->lock);
 /* Move segments idx[0..n) of the own part to @loc (with @hdl) where the
  * memory is not mapped everywhere (cuda): copies in flight on the copy
  * engines, one wait, then one unmap and map per run.  *@ok_p counts those
  * moved, from the first. */
 ema_status_t ema__win_seg_move_batch(ema_win_h win, const uint32_t *idx, const ema__loc_t *loc,
-                                     const int64_t *hdl, uint32_t n, uint32_t *ok_p);
+                                     const int64_t *hdl, uint32_t n, uint32_t *ok_p)
+    EMA_REQUIRES(win->lock);
 /* Direct kind: copy @count segments from the memory at @src (and the
  * segments after it) to @dst, through this rank's mappings of every rank's
  * memory, not through any window. */
@@ -327,13 +457,16 @@ void         ema__win_seg_copy(ema__win_ctx_t *ctx, ema__loc_t dst, ema__loc_t s
 /* Map @count consecutive segments (@loc and the ones after it, all behind
  * @handle) at @idx and after, in one call where the kind allows. */
 ema_status_t ema__win_seg_map_many(ema_win_h win, uint32_t idx, ema__loc_t loc, uint32_t count,
-                                   int64_t handle);
+                                   int64_t handle) EMA_REQUIRES(win->lock);
 /* Unmap segments [first, first+count) of the own part, keeping the
  * reservation. */
-ema_status_t ema__win_seg_unmap(ema_win_h win, uint32_t first, uint32_t count);
+ema_status_t ema__win_seg_unmap(ema_win_h win, uint32_t first, uint32_t count)
+    EMA_REQUIRES(win->lock);
 
 /* Mark [first, first+count) of @part MOVING in this rank's cache and wait
- * until no RMA issued before is still in flight (flushes the worker). */
+ * until no RMA issued before is still in flight (flushes the worker).  The
+ * own part's only under win->lock (ema__win_invalidate_runs); another
+ * rank's part with or without a window's lock (the INVAL job). */
 ema_status_t ema__win_inval_local(ema__win_ctx_t *ctx, ema_win_h win, int part, uint32_t first,
                                   uint32_t count);
 /* Apply an update of @part: set size, segment count and locations from
@@ -350,37 +483,42 @@ void         ema__win_apply_update(ema_win_h win, int part, uint64_t version, si
  * Held segments (ema_win_acquire) stay where they are: a move never waits
  * for the application.  EMA_ERR_NO_MEMORY: no memory for some of them. */
 ema_status_t ema__win_move(ema_win_h win, uint32_t *idx, uint32_t n, int exclude,
-                           const ema__loc_t *targets, const int64_t *handles);
+                           const ema__loc_t *targets, const int64_t *handles)
+    EMA_REQUIRES(win->lock);
 /* The owner's reclaim callback @cb for the runs of @idx[0..n) (any order);
- * called WITHOUT win->lock, so it may call any ema_win_* on the window. */
+ * called WITHOUT any window's lock, so it may call any ema_win_* on the
+ * window. */
 void         ema__win_notify(ema_win_h win, ema_reclaim_cb cb, void *cb_arg,
-                             const uint32_t *idx, uint32_t n);
+                             const uint32_t *idx, uint32_t n) EMA_EXCLUDES(win->lock);
 /* A lender's recall of @segs[0..n) of rank @src, in every window (see
- * win/migrate.c).  Takes each window's lock itself. */
+ * win/migrate.c).  Takes each window's lock itself: called with none held. */
 void         ema__win_recall(ema__win_ctx_t *ctx, int src, const uint32_t *segs, uint32_t n,
                              int notified, uint8_t *found, uint8_t *held, uint32_t *refuse,
                              uint32_t *nrefuse_p);
 /* The bytes of @win's own part that lenders asked back and that are still
  * there (ema_win_stat's bytes_wanted); forgets the segments wanted back
  * that have left the part.  Requires win->lock. */
-size_t       ema__win_wanted_bytes(ema_win_h win);
+size_t       ema__win_wanted_bytes(ema_win_h win) EMA_REQUIRES(win->lock);
 
 /* --- coherence of cached tables (win/coherence.c) ------------------------ */
 
 void         ema__win_coherence_init(ema__win_ctx_t *ctx);
 /* Owner: mark [first, first+count) of the own part MOVING on every rank and
- * wait for every acknowledgement.  Called from one thread at a time per
- * window (under win->lock); runs quick deferred work while it waits. */
-ema_status_t ema__win_invalidate(ema_win_h win, uint32_t first, uint32_t count);
+ * wait for every acknowledgement.  Requires win->lock (one thread at a time
+ * per window); runs quick deferred work while it waits. */
+ema_status_t ema__win_invalidate(ema_win_h win, uint32_t first, uint32_t count)
+    EMA_REQUIRES(win->lock);
 /* The same for several runs, in one round of messages and acknowledgements. */
 ema_status_t ema__win_invalidate_runs(ema_win_h win, const uint32_t *first,
-                                     const uint32_t *count, uint32_t nruns);
+                                     const uint32_t *count, uint32_t nruns)
+    EMA_REQUIRES(win->lock);
 /* Owner: send the own part's size and the locations [first, first+count)
- * to every rank (after a grow, shrink or move). */
-ema_status_t ema__win_publish(ema_win_h win, uint32_t first, uint32_t count);
+ * to every rank (after a grow, shrink or move).  Requires win->lock. */
+ema_status_t ema__win_publish(ema_win_h win, uint32_t first, uint32_t count)
+    EMA_REQUIRES(win->lock);
 /* Fetch @part's table from its owner, when an offset falls past the cached
- * size.  Blocking; from application threads only. */
-ema_status_t ema__win_fetch(ema_win_h win, int part);
+ * size.  Blocking; from application threads only, never under win->lock. */
+ema_status_t ema__win_fetch(ema_win_h win, int part) EMA_EXCLUDES(win->lock);
 /* A 64-bit fetch-and-add (@cswap 0) or compare-and-swap (@cswap 1: swap in
  * @swap where the word equals @operand) on the word at @raddr of rank
  * @holder's tier @tier, performed by @holder itself; *@old gets the value

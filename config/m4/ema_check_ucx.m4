@@ -10,8 +10,11 @@ AC_DEFUN([EMA_CHECK_UCX], [
   ucx_version=`$PKG_CONFIG --modversion ucx`
   # Debian's ucx.pc lists only -lucs; ucp is what we use.
   UCX_LIBS="$UCX_LIBS -lucp -luct -lucs"
+  # A UCX outside the system's include path (a source build, pip's libucx
+  # wheel): its headers as system headers, so that -Wextra stays on our code.
   AS_IF([test "x$with_ucx" != xguess && test "x$with_ucx" != xyes],
-        [UCX_LIBS="-L$with_ucx/lib -Wl,-rpath,$with_ucx/lib $UCX_LIBS"])
+        [UCX_LIBS="-L$with_ucx/lib -Wl,-rpath,$with_ucx/lib $UCX_LIBS"
+         UCX_CFLAGS=`echo " $UCX_CFLAGS" | sed 's/ -I */ -isystem /g'`])
   AC_SUBST([UCX_CFLAGS])
   AC_SUBST([UCX_LIBS])
 ])

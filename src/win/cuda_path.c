@@ -29,7 +29,7 @@
  * lender's reclaim.  Atomics are performed by the rank holding the word,
  * as on the UCX path.
  */
-#include "win.h"
+#include "rma_priv.h"
 
 #include "util/clock.h"
 #include "util/log.h"
@@ -220,6 +220,66 @@ char *ema__win_cpath_addr(ema__win_ctx_t *ctx, int rank, uint64_t raddr)
         return NULL;
     }
     return cp->mirror[rank] + off;
+}
+
+/* --- put and get ------------------------------------------------------------ */
+
+/*
+ * A put or get on the direct path: each run is a copy on the copy
+ * engines through the holder's segment, mapped here.  The runs stay in
+ * flight, counted by epoch, until one wait completes them all; before
+ * waiting on a moving segment the copies issued so far are completed and
+ * let go, since that migration waits for them.
+ */
+/* Complete the copies issued, then let their runs out of flight. */
+static ema_status_t rma_cdirect_drain(ema__win_ctx_t *ctx, ema__mem_arena_t *dev, int held[2])
+{
+    ema_status_t status = dev->ops->rma_copy_wait(dev);
+    for (int e = 0; e < 2; e++) {
+        for (; held[e] > 0; held[e]--) {
+            rma_leave(ctx, e);
+        }
+    }
+    return status;
+}
+
+ema_status_t ema__win_rma_cdirect(ema_win_h win, ema_op_t op, int rank, size_t offset,
+                                void *buf, size_t len)
+{
+    ema__win_ctx_t *ctx   = win->ctx;
+    ema__mem_arena_t *dev = ctx->tier[EMA_TIER_DEVICE];
+    ema__win_part_t *part = &win->parts[rank];
+    ema_status_t status = EMA_SUCCESS, st;
+    int held[2] = {0, 0}, trank, tier, ep;
+    uint64_t raddr;
+
+    while (len > 0 && status == EMA_SUCCESS) {
+        ep = rma_in(ctx);
+        size_t n = rma_run(win, part, offset, len, &trank, &tier, &raddr);
+        if (n == 0 || n == SIZE_MAX) {
+            rma_leave(ctx, ep);
+            if (n == SIZE_MAX) {
+                status = EMA_ERR_RANGE;
+                break;
+            }
+            status = rma_cdirect_drain(ctx, dev, held);
+            ema__xport_wait_step(ctx->xp, EMA_WAIT_QUICK);
+            continue;
+        }
+        char *p = (tier == EMA_TIER_DEVICE) ? ema__win_cpath_addr(ctx, trank, raddr) : NULL;
+        held[ep]++;
+        if (p == NULL) {
+            status = EMA_ERR_TRANSPORT;
+            break;
+        }
+        status = (op == EMA_OP_PUT) ? dev->ops->rma_copy_start(dev, p, buf, n)
+                                    : dev->ops->rma_copy_start(dev, buf, p, n);
+        buf = (char *)buf + n;
+        offset += n;
+        len -= n;
+    }
+    st = rma_cdirect_drain(ctx, dev, held);
+    return (status == EMA_SUCCESS) ? st : status;
 }
 
 /* --- the probe -------------------------------------------------------------- */

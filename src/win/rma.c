@@ -5,7 +5,7 @@
  * system call, except the malloc of an aggregate request when a non-blocking
  * operation spans several runs.
  */
-#include "win.h"
+#include "rma_priv.h"
 
 #include "util/log.h"
 #include "util/state.h"
@@ -14,8 +14,6 @@
 #include <string.h>
 
 static struct ema_request ema_req_done = {.magic = EMA_REQ_MAGIC_DONE};
-
-typedef enum { EMA_OP_PUT, EMA_OP_GET } ema_op_t;
 
 static inline ema_status_t rma_check(ema_win_h win, int rank, size_t offset, const void *buf,
                                      size_t len)
@@ -44,62 +42,6 @@ static inline ema_status_t rma_check(ema_win_h win, int rank, size_t offset, con
         }
     }
     return EMA_SUCCESS;
-}
-
-/*
- * Find the run starting at @offset: the rank and tier holding it, the remote
- * address, and how many bytes from there are contiguous in that memory.
- * Returns 0 if the segment is moving; the caller waits and retries.  Must be
- * called with ctx->inflight raised (see ema__win_inval_local).
- */
-static inline size_t rma_run(ema_win_h win, const ema__win_part_t *part, size_t offset,
-                             size_t len, int *rank_p, int *tier_p, uint64_t *raddr_p)
-{
-    ema__win_ctx_t *ctx = win->ctx;
-    size_t seg  = ctx->seg_size;
-    uint32_t i  = (uint32_t)(offset / seg);
-    size_t in   = offset - (size_t)i * seg;
-    ema__loc_t loc = atomic_load_explicit(&part->loc[i], memory_order_seq_cst);
-    size_t run  = seg - in;
-
-    if (loc & EMA_LOC_MOVING) {
-        /* moving, or being removed by a shrink: then the range is gone */
-        size_t psize = atomic_load_explicit(&part->size, memory_order_acquire);
-        return (offset + len > psize) ? SIZE_MAX : 0;
-    }
-    ema__loc_t next = loc;
-    /* Consecutive segments of one rank make one run, unless each segment is
-     * registered on its own (cuda): one UCX operation per key. */
-    while (run < len && i + 1 < part->max_segs && ctx->mr[EMA_LOC_TIER(loc)].nreg <= 1) {
-        ema__loc_t l = atomic_load_explicit(&part->loc[i + 1], memory_order_relaxed);
-        if (l != next + 1) { /* same rank and tier, next segment, not moving */
-            break;
-        }
-        next = l;
-        i++;
-        run += seg;
-    }
-    int tier = EMA_LOC_TIER(loc);
-    *rank_p  = EMA_LOC_RANK(loc);
-    *tier_p  = tier;
-    *raddr_p = ctx->mr[tier].bases[*rank_p] + (uint64_t)EMA_LOC_SEG(loc) * seg + in;
-    return (run < len) ? run : len;
-}
-
-/* An issue counts in the in-flight count of the epoch it started in: an
- * invalidation flips the epoch and waits only for the old one's count, so
- * operations that start later (and see the segments MOVING) cannot keep it
- * waiting, however many threads issue them. */
-static inline int rma_in(ema__win_ctx_t *ctx)
-{
-    int ep = atomic_load(&ctx->epoch) & 1;
-    atomic_fetch_add(&ctx->inflight[ep], 1);
-    return ep;
-}
-
-static inline void rma_leave(ema__win_ctx_t *ctx, int ep)
-{
-    atomic_fetch_sub(&ctx->inflight[ep], 1);
 }
 
 /* An operation handed to UCX: counted for the flushes of @trank (see
@@ -206,64 +148,6 @@ static ema_status_t rma_direct(ema_win_h win, ema_op_t op, int rank, size_t offs
     return EMA_SUCCESS;
 }
 
-/*
- * The cuda kind's direct path (cuda_path.c): each run is a copy on the copy
- * engines through the holder's segment, mapped here.  The runs stay in
- * flight, counted by epoch, until one wait completes them all; before
- * waiting on a moving segment the copies issued so far are completed and
- * let go, since that migration waits for them.
- */
-/* Complete the copies issued, then let their runs out of flight. */
-static ema_status_t rma_cdirect_drain(ema__win_ctx_t *ctx, ema__mem_arena_t *dev, int held[2])
-{
-    ema_status_t status = dev->ops->rma_copy_wait(dev);
-    for (int e = 0; e < 2; e++) {
-        for (; held[e] > 0; held[e]--) {
-            rma_leave(ctx, e);
-        }
-    }
-    return status;
-}
-
-static ema_status_t rma_cdirect(ema_win_h win, ema_op_t op, int rank, size_t offset,
-                                void *buf, size_t len)
-{
-    ema__win_ctx_t *ctx   = win->ctx;
-    ema__mem_arena_t *dev = ctx->tier[EMA_TIER_DEVICE];
-    ema__win_part_t *part = &win->parts[rank];
-    ema_status_t status = EMA_SUCCESS, st;
-    int held[2] = {0, 0}, trank, tier, ep;
-    uint64_t raddr;
-
-    while (len > 0 && status == EMA_SUCCESS) {
-        ep = rma_in(ctx);
-        size_t n = rma_run(win, part, offset, len, &trank, &tier, &raddr);
-        if (n == 0 || n == SIZE_MAX) {
-            rma_leave(ctx, ep);
-            if (n == SIZE_MAX) {
-                status = EMA_ERR_RANGE;
-                break;
-            }
-            status = rma_cdirect_drain(ctx, dev, held);
-            ema__xport_wait_step(ctx->xp, EMA_WAIT_QUICK);
-            continue;
-        }
-        char *p = (tier == EMA_TIER_DEVICE) ? ema__win_cpath_addr(ctx, trank, raddr) : NULL;
-        held[ep]++;
-        if (p == NULL) {
-            status = EMA_ERR_TRANSPORT;
-            break;
-        }
-        status = (op == EMA_OP_PUT) ? dev->ops->rma_copy_start(dev, p, buf, n)
-                                    : dev->ops->rma_copy_start(dev, buf, p, n);
-        buf = (char *)buf + n;
-        offset += n;
-        len -= n;
-    }
-    st = rma_cdirect_drain(ctx, dev, held);
-    return (status == EMA_SUCCESS) ? st : status;
-}
-
 /* Blocking: issue every run, then wait for all of them. */
 static ema_status_t rma_blocking(ema_win_h win, ema_op_t op, int rank, size_t offset,
                                  void *buf, size_t len)
@@ -272,7 +156,7 @@ static ema_status_t rma_blocking(ema_win_h win, ema_op_t op, int rank, size_t of
         return rma_direct(win, op, rank, offset, buf, len);
     }
     if (win->ctx->cpath.on) {
-        return rma_cdirect(win, op, rank, offset, buf, len);
+        return ema__win_rma_cdirect(win, op, rank, offset, buf, len);
     }
     ema__win_ctx_t *ctx = win->ctx;
     ema__win_part_t *part = &win->parts[rank];
@@ -367,7 +251,7 @@ static ema_status_t rma_nb(ema_win_h win, ema_op_t op, int rank, size_t offset, 
         /* a copy completes at once: the request is born complete (on the
          * cuda direct path too, see cuda_path.c) */
         ema_status_t status = ctx->direct ? rma_direct(win, op, rank, offset, buf, len)
-                                          : rma_cdirect(win, op, rank, offset, buf, len);
+                                          : ema__win_rma_cdirect(win, op, rank, offset, buf, len);
         if (status == EMA_SUCCESS) {
             *req_p = &ema_req_done;
         }

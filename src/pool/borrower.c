@@ -135,6 +135,12 @@ static void ema_pool_grant_cb(void *waiter, const void *arg)
     atomic_store(&w->done, 1);
 }
 
+static int ema_pool_seg_cmp(const void *a, const void *b)
+{
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    return (x > y) - (x < y);
+}
+
 /* A GRANT: wake the borrower waiting for it (ema_pool_borrow_from). */
 void ema__pool_granted(ema__pool_t *pool, int src, const ema_pool_msg_t *m,
                        const char *payload, size_t plen)
@@ -143,26 +149,52 @@ void ema__pool_granted(ema__pool_t *pool, int src, const ema_pool_msg_t *m,
     uint64_t nsegs = ema__pool_peer_nsegs(pool, src);
     ema_pool_grant_arg_t g = {pool, src, m, payload, 1, 0, 0};
 
-    g.wellformed = plen >= (size_t)m->count * (sizeof(uint32_t) + sizeof(int64_t)) &&
-                   m->count <= nsegs && m->left <= nsegs;
+    /* On the host kind every segment of a lender is behind its arena's
+     * memfd, whose number its export gives: a grant naming another of the
+     * lender's files is malformed.  (The cuda kind exports a file per
+     * segment: not checked here.) */
+    const ema__mem_export_t *exp = &pool->win->exports[EMA_TIER_DEVICE][src];
+    int host = pool->arena->ops->kind == EMA_MEMORY_KIND_HOST;
+
+    g.wellformed = m->count <= nsegs && m->left <= nsegs &&
+                   plen == (size_t)m->count * (sizeof(uint32_t) + sizeof(int64_t));
     for (uint32_t i = 0; g.wellformed && i < m->count; i++) {
-        g.wellformed = segs[i] < nsegs;
+        int64_t h;
+        memcpy(&h, payload + (size_t)m->count * sizeof(uint32_t) + (size_t)i * sizeof(h),
+               sizeof(h));
+        g.wellformed = segs[i] < nsegs && (!host || h == exp->fd);
+    }
+    if (g.wellformed && m->count > 1) {
+        /* each segment once: one mapped twice would alias two parts of a
+         * window, and its second give-back would be refused */
+        uint32_t *sorted = malloc((size_t)m->count * sizeof(uint32_t));
+        if (sorted == NULL) {
+            g.wellformed = 0;
+        } else {
+            memcpy(sorted, segs, (size_t)m->count * sizeof(uint32_t));
+            qsort(sorted, m->count, sizeof(uint32_t), ema_pool_seg_cmp);
+            for (uint32_t i = 1; g.wellformed && i < m->count; i++) {
+                g.wellformed = sorted[i] != sorted[i - 1];
+            }
+            free(sorted);
+        }
     }
     if (!g.wellformed) {
-        ema_error("malformed grant from rank %d: dropped", src);
+        ema_malformed("malformed grant from rank %d (%u segments in %zu bytes): dropped", src,
+                      m->count, plen);
     }
-    int live = ema__xport_waiter_call(pool->xp, m->token, ema_pool_grant_cb, &g);
+    int live = ema__xport_waiter_call(pool->xp, m->token, EMA_AM_POOL, ema_pool_grant_cb, &g);
     if (g.taken || !g.wellformed || m->count == 0) {
         return;
     }
     if (g.answered) {
         /* a second copy of a grant already taken: the segments are the
          * borrower's (given back would free them under it) */
-        ema_error("grant from rank %d repeated: dropped", src);
+        ema_malformed("grant from rank %d repeated: dropped", src);
         return;
     }
     /* nobody asked this rank for them: back to the lender rather than leak */
-    ema_error("grant of %u segments from rank %d for no borrow waiting on it%s: given back",
+    ema_malformed("grant of %u segments from rank %d for no borrow waiting on it%s: given back",
               m->count, src, live ? " (another rank's)" : "");
     ema_pool_giveback_later(pool, src, segs, m->count);
 }
@@ -183,7 +215,7 @@ static uint32_t ema_pool_borrow_from(ema__pool_t *pool, int lender, uint32_t wan
     memset(&m, 0, sizeof(m));
     m.type  = EMA_POOL_MSG_BORROW;
     m.count = want;
-    m.token = ema__xport_waiter_add(pool->xp, &w);
+    m.token = ema__xport_waiter_add(pool->xp, &w, EMA_AM_POOL);
     if (m.token == 0) {
         return 0;
     }

@@ -65,17 +65,37 @@ static void ema_pool_grant(ema__pool_t *pool, int src, const ema_pool_msg_t *req
     free(handles);
 }
 
-void ema__pool_take_back(ema__pool_t *pool, int src, uint32_t count, const uint32_t *segs)
+/* A lent segment being taken back (only inside ema__pool_take_back, under
+ * pool->lock): marks the segments already checked, so a repeat shows. */
+#define EMA_POOL_TAKING ((int16_t)-2)
+
+ema_status_t ema__pool_take_back(ema__pool_t *pool, int src, uint32_t count,
+                                 const uint32_t *segs)
 {
     int recalled = 0;
+    uint32_t i;
 
     pthread_mutex_lock(&pool->lock);
-    for (uint32_t i = 0; i < count; i++) {
+    /* every segment first: lent to the sender, once; else nothing changes */
+    for (i = 0; i < count; i++) {
         uint32_t s = segs[i];
         if (s >= pool->arena->pool.nsegs || pool->lent_to[s] != src) {
-            ema_error("rank %d gives back segment %u it does not hold", src, s);
-            continue;
+            break;
         }
+        pool->lent_to[s] = EMA_POOL_TAKING;
+    }
+    if (i < count) {
+        uint32_t bad = segs[i];
+        for (uint32_t j = 0; j < i; j++) {
+            pool->lent_to[segs[j]] = (int16_t)src;
+        }
+        pthread_mutex_unlock(&pool->lock);
+        ema_malformed("rank %d gives back segment %u, which it does not hold (or twice), among "
+                      "%u: dropped", src, bad, count);
+        return EMA_ERR_INVALID_PARAM;
+    }
+    for (i = 0; i < count; i++) {
+        uint32_t s = segs[i];
         pool->lent_to[s] = -1;
         ema_trace("rank %d gave back segment %u%s", src, s,
                   pool->recalling[s] ? " (recalled)" : "");
@@ -87,6 +107,7 @@ void ema__pool_take_back(ema__pool_t *pool, int src, uint32_t count, const uint3
     }
     pthread_mutex_unlock(&pool->lock);
     atomic_fetch_sub(&pool->recall_pending, recalled);
+    return EMA_SUCCESS;
 }
 
 /* The borrower has nowhere to move these recalled segments (no free memory
@@ -95,11 +116,24 @@ void ema__pool_take_back(ema__pool_t *pool, int src, uint32_t count, const uint3
 void ema__pool_refused(ema__pool_t *pool, int src, uint32_t count, const uint32_t *segs)
 {
     int n = 0;
+    uint32_t i;
 
     pthread_mutex_lock(&pool->lock);
-    for (uint32_t i = 0; i < count; i++) {
+    for (i = 0; i < count; i++) {
         uint32_t s = segs[i];
-        if (s < pool->arena->pool.nsegs && pool->lent_to[s] == src && pool->recalling[s]) {
+        if (s >= pool->arena->pool.nsegs || pool->lent_to[s] != src) {
+            break;
+        }
+    }
+    if (i < count) {
+        uint32_t bad = segs[i];
+        pthread_mutex_unlock(&pool->lock);
+        ema_malformed("rank %d refuses segment %u, which it does not hold: dropped", src, bad);
+        return;
+    }
+    for (i = 0; i < count; i++) {
+        uint32_t s = segs[i];
+        if (pool->recalling[s]) { /* not recalled, or refused already: nothing */
             pool->recalling[s] = 0;
             n++;
         }

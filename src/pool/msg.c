@@ -64,42 +64,47 @@ void ema__pool_dispatch(void *arg, int src, const void *data, size_t len)
     ema_pool_msg_t m;
 
     if (src < 0 || src >= pool->size || src == pool->rank) {
-        ema_error("pool message from rank %d, not a peer: dropped", src);
+        ema_malformed("pool message from rank %d, not a peer: dropped", src);
         return;
     }
     if (len < sizeof(m)) {
-        ema_error("short pool message from rank %d", src);
+        ema_malformed("short pool message from rank %d (%zu bytes): dropped", src, len);
         return;
     }
     memcpy(&m, data, sizeof(m));
     const char *payload = (const char *)data + sizeof(m);
     size_t plen = len - sizeof(m);
+    /* what each type carries, exactly (a GRANT: ema__pool_granted) */
+    size_t segs_len = (size_t)m.count * sizeof(uint32_t);
 
     switch (m.type) {
     case EMA_POOL_MSG_GRANT:
         ema__pool_granted(pool, src, &m, payload, plen);
         break;
     case EMA_POOL_MSG_GIVEBACK:
-        if (plen < (size_t)m.count * sizeof(uint32_t)) {
-            ema_error("malformed give-back from rank %d: %u segments in %zu bytes", src,
-                      m.count, plen);
+        if (plen != segs_len) {
+            ema_malformed("malformed give-back from rank %d: %u segments in %zu bytes: "
+                          "dropped", src, m.count, plen);
             return;
         }
-        ema__pool_take_back(pool, src, m.count, (const uint32_t *)payload);
-        ema__xport_defer_ref(pool->xp, EMA_JOB_QUICK, ema__pool_advertise_job, pool); /* no send here */
+        if (ema__pool_take_back(pool, src, m.count, (const uint32_t *)payload) ==
+            EMA_SUCCESS) {
+            ema__xport_defer_ref(pool->xp, EMA_JOB_QUICK, ema__pool_advertise_job,
+                                 pool); /* no send here */
+        }
         break;
     case EMA_POOL_MSG_ADVERT:
-        if (m.left > ema__pool_peer_nsegs(pool, src)) {
-            ema_error("rank %d advertises %" PRIu64 " lendable segments, more than its arena: "
-                      "dropped", src, m.left);
+        if (plen != 0 || m.left > ema__pool_peer_nsegs(pool, src)) {
+            ema_malformed("rank %d advertises %" PRIu64 " lendable segments (%zu bytes more), "
+                          "more than its arena: dropped", src, m.left, plen);
             return;
         }
         atomic_store(&pool->peer_lendable[src], m.left);
         break;
     case EMA_POOL_MSG_REFUSE:
-        if (plen < (size_t)m.count * sizeof(uint32_t)) {
-            ema_error("malformed refusal from rank %d: %u segments in %zu bytes", src, m.count,
-                      plen);
+        if (plen != segs_len) {
+            ema_malformed("malformed refusal from rank %d: %u segments in %zu bytes: dropped",
+                          src, m.count, plen);
             return;
         }
         ema__pool_refused(pool, src, m.count, (const uint32_t *)payload);
@@ -109,9 +114,21 @@ void ema__pool_dispatch(void *arg, int src, const void *data, size_t len)
         /* Both send messages: not from inside a UCX callback.  A borrow is a
          * quick job; a recall migrates data and waits on peers: a long one. */
         size_t n = (m.type == EMA_POOL_MSG_RECALL) ? m.count : 0;
-        if (plen < n * sizeof(uint32_t)) {
-            ema_error("malformed recall from rank %d: %zu segments in %zu bytes", src, n, plen);
+        if (plen != n * sizeof(uint32_t)) {
+            ema_malformed("malformed %s from rank %d: %zu segments in %zu bytes: dropped",
+                          m.type == EMA_POOL_MSG_RECALL ? "recall" : "borrow request", src, n,
+                          plen);
             return;
+        }
+        /* a recall names segments of its sender's arena */
+        uint64_t nsegs = ema__pool_peer_nsegs(pool, src);
+        for (size_t i = 0; i < n; i++) {
+            uint32_t s = ((const uint32_t *)payload)[i];
+            if (s >= nsegs) {
+                ema_malformed("recall from rank %d of segment %u, past its arena of %" PRIu64
+                              ": dropped", src, s, nsegs);
+                return;
+            }
         }
         ema_pool_job_t *job = malloc(sizeof(*job) + n * sizeof(uint32_t));
         if (job == NULL) {
@@ -132,7 +149,6 @@ void ema__pool_dispatch(void *arg, int src, const void *data, size_t len)
         break;
     }
     default:
-        ema_error("unknown pool message %u from rank %d", m.type, src);
+        ema_malformed("unknown pool message %u from rank %d: dropped", m.type, src);
     }
 }
-

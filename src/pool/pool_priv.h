@@ -72,8 +72,9 @@ ema_status_t ema__pool_send_ucx(void *arg, int peer, const void *hdr, size_t hle
 ema_status_t ema__pool_send(ema__pool_t *pool, int peer, const ema_pool_msg_t *m,
                             const void *payload, size_t plen);
 /* The one dispatch point of EMA_AM_POOL: checks the sender, the length and
- * the type, then hands the message to its side.  Also the entry point of
- * the unit tests' loopback. */
+ * the type, then hands the message to its side, which checks its fields
+ * before it changes anything; a malformed message is logged once per kind
+ * and dropped.  Also the entry point of the unit tests' loopback. */
 void         ema__pool_dispatch(void *arg, int src, const void *data, size_t len);
 void         ema__pool_advertise_job(void *arg);
 
@@ -82,7 +83,9 @@ void         ema__pool_advertise_job(void *arg);
  * Requires pool->lock. */
 uint32_t     ema__pool_lendable_locked(ema__pool_t *pool);
 void         ema__pool_borrow_job(void *arg);
-void         ema__pool_take_back(ema__pool_t *pool, int src, uint32_t count,
+/* GIVEBACK: every segment lent to @src, once, or nothing changes
+ * (EMA_ERR_INVALID_PARAM, logged). */
+ema_status_t ema__pool_take_back(ema__pool_t *pool, int src, uint32_t count,
                                  const uint32_t *segs);
 void         ema__pool_refused(ema__pool_t *pool, int src, uint32_t count,
                                const uint32_t *segs);

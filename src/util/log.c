@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 ema_log_level_t ema__log_level = EMA_LOG_WARN;
+atomic_ulong ema__log_malformed;
 static int ema_log_rank = -1;
 
 static const char *ema_log_names[] = {"error", "warn", "info", "debug", "trace"};
@@ -59,4 +60,22 @@ void ema__assert_fail(const char *file, int line, const char *func, const char *
     ema__log(EMA_LOG_ERROR, file, line, "assertion failed at %s:%d in %s(): %s (a bug in EMA)",
              file, line, func, msg);
     abort();
+}
+
+void ema__log_malformed_once(atomic_flag *once, const char *file, int line, const char *fmt,
+                             ...)
+{
+    char msg[1024];
+    va_list ap;
+
+    atomic_fetch_add(&ema__log_malformed, 1);
+    ema_log_level_t level = atomic_flag_test_and_set(once) ? EMA_LOG_DEBUG : EMA_LOG_ERROR;
+    if (level > ema__log_level) {
+        return;
+    }
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    ema__log(level, file, line, "%s%s", msg,
+             level == EMA_LOG_ERROR ? " (more of this kind: at debug level)" : "");
 }

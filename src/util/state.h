@@ -21,4 +21,8 @@ static inline ema_status_t ema__check_ready(void)
                : EMA_ERR_STATE;
 }
 
+/* @st is EMA_SUCCESS or an error code ema_strerror knows (util/status.c):
+ * for statuses a peer sends (an atomic's result, an allocation's verdict). */
+int ema__status_known_error(int32_t st);
+
 #endif

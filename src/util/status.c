@@ -1,5 +1,9 @@
 #include <ema.h>
 
+#include "state.h"
+
+#include <string.h>
+
 EMA_EXPORT const char *ema_strerror(ema_status_t status)
 {
     switch (status) {
@@ -22,6 +26,11 @@ EMA_EXPORT const char *ema_strerror(ema_status_t status)
     case EMA_ERR_DEVICE:         return "device (CUDA) error";
     }
     return "unknown status";
+}
+
+int ema__status_known_error(int32_t st)
+{
+    return st <= EMA_SUCCESS && strcmp(ema_strerror((ema_status_t)st), "unknown status") != 0;
 }
 
 EMA_EXPORT const char *ema_version_string(void)

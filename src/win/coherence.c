@@ -15,53 +15,31 @@
  * or wholly in the new one.  A grown part is published with UPDATE alone; a
  * rank that sees an offset past its cached size asks the owner
  * (TABLE_REQ/TABLE_REP) before failing with EMA_ERR_RANGE.
+ *
+ * Every message is checked before it changes anything (ema_win_am, and
+ * ema__win_update_check in segment_table.c): a peer invalidates, updates
+ * and answers for its own part only; runs, sizes and locations must fit the
+ * part's table and the world's memory; a reply must answer a live request
+ * of this layer, of its type, from the rank asked.  Anything else is
+ * logged once per kind and dropped, except that a malformed answer to a
+ * live request (a table, an atomic's result) still ends that request:
+ * with nothing applied, or with EMA_ERR_TRANSPORT.
  */
-#include "win.h"
+#include "coherence.h"
 
 #include "util/log.h"
+#include "util/state.h"
 
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
 
-enum {
-    EMA_WIN_MSG_INVAL = 1,
-    EMA_WIN_MSG_ACK,
-    EMA_WIN_MSG_UPDATE,
-    EMA_WIN_MSG_TABLE_REQ,
-    EMA_WIN_MSG_TABLE_REP,
-    EMA_WIN_MSG_AMO,     /* an atomic for the holder of the word to perform */
-    EMA_WIN_MSG_AMO_REP  /* its result */
-};
-
-typedef struct {
-    uint32_t type;
-    uint32_t win_id;
-    int32_t  part;
-    uint32_t first;
-    uint32_t count;
-    uint32_t nsegs;
-    uint64_t version;
-    uint64_t size;
-    uint64_t token; /* the waiter's id (xport/waiter.c), echoed back */
-    /* AMO: address, operand, swap value; AMO_REP: arg[0] the old value,
-     * first the status */
-    uint64_t arg[3];
-    /* UPDATE / TABLE_REP: count locations follow */
-} ema_win_msg_t;
-
 typedef struct {
     ema__win_ctx_t *ctx;
     int             src;
     size_t          len;
-    ema_win_msg_t   msg; /* followed by the locations */
+    ema_win_msg_t   msg;
 } ema_win_job_t;
-
-typedef struct {
-    atomic_int done;
-    uint64_t   value;  /* AMO_REP: the old value */
-    int32_t    status; /* AMO_REP */
-} ema_win_waiter_t;
 
 static ema_status_t ema_win_send(ema__win_ctx_t *ctx, int peer, const ema_win_msg_t *msg,
                                  const ema__loc_t *locs, uint32_t nlocs)
@@ -70,25 +48,91 @@ static ema_status_t ema_win_send(ema__win_ctx_t *ctx, int peer, const ema_win_ms
                               (size_t)nlocs * sizeof(*locs));
 }
 
-/* A reply reaches its waiter: an AMO_REP's result (@m) copied in, and done
+typedef struct {
+    const ema_win_msg_t *m;
+    int                  src;
+    int                  valid;  /* the reply's own fields are well formed */
+    int                  why;    /* out: 0 taken, else why not (EMA_WIN_REPLY_*) */
+} ema_win_reply_arg_t;
+
+enum {
+    EMA_WIN_REPLY_TAKEN = 0,
+    EMA_WIN_REPLY_TYPE,     /* not the type of reply the request awaits */
+    EMA_WIN_REPLY_PEER,     /* not from the rank asked */
+    EMA_WIN_REPLY_REPEATED  /* more than the request awaits */
+};
+
+/* A reply reaches its waiter: an AMO_REP's result copied in, and done
  * counted, under the waiter table's lock (the waiter may not outlive it). */
 static void ema_win_reply_cb(void *waiter, const void *arg)
 {
-    ema_win_waiter_t *w    = waiter;
-    const ema_win_msg_t *m = arg;
-    if (m != NULL) {
-        w->value  = m->arg[0];
-        w->status = (int32_t)m->first;
+    ema__win_waiter_t *w   = waiter;
+    ema_win_reply_arg_t *a = (ema_win_reply_arg_t *)arg;
+    const ema_win_msg_t *m = a->m;
+
+    if (m->type != w->type) {
+        a->why = EMA_WIN_REPLY_TYPE;
+        return;
+    }
+    if (w->peer >= 0 && a->src != w->peer) {
+        a->why = EMA_WIN_REPLY_PEER;
+        return;
+    }
+    if (w->type == EMA_WIN_MSG_ACK) {
+        if (w->acked[a->src] >= w->per_peer) {
+            a->why = EMA_WIN_REPLY_REPEATED;
+            return;
+        }
+        w->acked[a->src]++;
+    } else if (atomic_load(&w->done) > 0) {
+        a->why = EMA_WIN_REPLY_REPEATED;
+        return;
+    }
+    if (w->type == EMA_WIN_MSG_AMO_REP) {
+        w->value  = a->valid ? m->arg[0] : 0;
+        w->status = a->valid ? (int32_t)m->first : EMA_ERR_TRANSPORT;
     }
     atomic_fetch_add(&w->done, 1);
+    a->why = EMA_WIN_REPLY_TAKEN;
 }
 
-static void ema_win_reply(ema__win_ctx_t *ctx, int src, uint64_t token, const ema_win_msg_t *m)
+/* Hand a reply to the request waiting for it; @valid 0: its fields are
+ * malformed (already logged), and the request ends with nothing. */
+static void ema_win_reply(ema__win_ctx_t *ctx, int src, const ema_win_msg_t *m, int valid)
 {
-    if (!ema__xport_waiter_call(ctx->xp, token, ema_win_reply_cb, m)) {
-        ema_error("reply from rank %d for no waiting request (id %#" PRIx64 "): dropped", src,
-                  token);
+    ema_win_reply_arg_t a = {m, src, valid, EMA_WIN_REPLY_TAKEN};
+
+    if (!ema__xport_waiter_call(ctx->xp, m->token, EMA_AM_WIN, ema_win_reply_cb, &a)) {
+        ema_malformed("window reply (type %u) from rank %d for no waiting request "
+                      "(id %#" PRIx64 "): dropped", m->type, src, m->token);
+    } else if (a.why == EMA_WIN_REPLY_TYPE) {
+        ema_malformed("window reply (type %u) from rank %d answers a request of another "
+                      "type: dropped", m->type, src);
+    } else if (a.why == EMA_WIN_REPLY_PEER) {
+        ema_malformed("window reply (type %u) from rank %d, which was not asked: dropped",
+                      m->type, src);
+    } else if (a.why == EMA_WIN_REPLY_REPEATED) {
+        ema_malformed("window reply (type %u) from rank %d repeated: dropped", m->type, src);
     }
+}
+
+/* An atomic's status as the holder sends it: EMA_SUCCESS or an error. */
+static int ema_win_status_ok(uint32_t first)
+{
+    int32_t st = (int32_t)first;
+    if (!ema__status_known_error(st)) {
+        ema_malformed("atomic's answer with status %d, not a status: the atomic fails", st);
+        return 0;
+    }
+    return 1;
+}
+
+/* The word [@raddr, @raddr + 8) lies in arena @a (no wrap). */
+static int ema_win_amo_in(const ema__mem_arena_t *a, uint64_t raddr)
+{
+    uint64_t base = (uintptr_t)a->base;
+    return raddr >= base && raddr - base <= a->capacity &&
+           a->capacity - (raddr - base) >= sizeof(uint64_t);
 }
 
 /* Snapshot of the own part's locations [first, first+count). */
@@ -115,8 +159,7 @@ static ema_status_t ema_win_amo_exec(ema__win_ctx_t *ctx, int tier, uint64_t rad
         return EMA_ERR_INVALID_PARAM;
     }
     a = ctx->tier[tier];
-    if (a == NULL || raddr < (uintptr_t)a->base ||
-        raddr + sizeof(uint64_t) > (uintptr_t)a->base + a->capacity) {
+    if (a == NULL || !ema_win_amo_in(a, raddr)) {
         ema_error("atomic at %#" PRIx64 " outside this rank's memory of tier %d", raddr, tier);
         return EMA_ERR_RANGE;
     }
@@ -141,21 +184,24 @@ static __thread int ema_win_in_amo;
 ema_status_t ema__win_amo(ema__win_ctx_t *ctx, int holder, int tier, uint64_t raddr, int cswap,
                           uint64_t operand, uint64_t swap, uint64_t *old)
 {
-    ema_win_waiter_t w;
+    ema__win_waiter_t w;
     ema_win_msg_t m;
     ema_status_t status;
 
     if (holder == ctx->rank) {
         return ema_win_amo_exec(ctx, tier, raddr, cswap, operand, swap, old);
     }
+    memset(&w, 0, sizeof(w));
     atomic_init(&w.done, 0);
+    w.type   = EMA_WIN_MSG_AMO_REP;
+    w.peer   = holder;
     w.status = EMA_SUCCESS;
     w.value  = 0;
     memset(&m, 0, sizeof(m));
     m.type   = EMA_WIN_MSG_AMO;
     m.first  = (uint32_t)tier;
     m.count  = (uint32_t)cswap;
-    m.token  = ema__xport_waiter_add(ctx->xp, &w);
+    m.token  = ema__xport_waiter_add(ctx->xp, &w, EMA_AM_WIN);
     m.arg[0] = raddr;
     m.arg[1] = operand;
     m.arg[2] = swap;
@@ -173,6 +219,58 @@ ema_status_t ema__win_amo(ema__win_ctx_t *ctx, int holder, int tier, uint64_t ra
     ema__xport_waiter_del(ctx->xp, m.token);
     *old = w.value;
     return (ema_status_t)w.status;
+}
+
+/* An invalidation's run [first, first+count) fits @win's table of @part
+ * (64-bit arithmetic: first + count may wrap in 32 bits). */
+static int ema_win_inval_fits(ema_win_h win, const ema_win_msg_t *m)
+{
+    uint32_t max = win->parts[m->part].max_segs;
+    if (m->first > max || m->count > max - m->first) {
+        ema_malformed("invalidation of segments %u..%" PRIu64 " of rank %d's part of window "
+                      "%u, which has %u: dropped", m->first, (uint64_t)m->first + m->count,
+                      m->part, m->win_id, max);
+        return 0;
+    }
+    return 1;
+}
+
+/* A request (INVAL, TABLE_REQ, AMO) from @src, checked before it is
+ * queued, so that a malformed one neither runs nor is answered. */
+static int ema_win_request_ok(ema__win_ctx_t *ctx, int src, const ema_win_msg_t *m)
+{
+    if (m->type == EMA_WIN_MSG_INVAL) {
+        /* only the owner moves a part's segments, and only it clears the
+         * marks (UPDATE): a peer's invalidation of another part, this
+         * rank's own above all, would leave it MOVING for ever */
+        if (m->part != src) {
+            ema_malformed("invalidation of rank %d's part from rank %d: dropped", m->part, src);
+            return 0;
+        }
+        ema_win_h win = ema__win_find(ctx, m->win_id);
+        return win == NULL || ema_win_inval_fits(win, m); /* unknown: acknowledged */
+    }
+    if (m->type == EMA_WIN_MSG_TABLE_REQ) {
+        if (m->part != ctx->rank) {
+            ema_malformed("table request from rank %d for rank %d's part, not this rank's: "
+                          "dropped", src, m->part);
+            return 0;
+        }
+        return 1;
+    }
+    /* EMA_WIN_MSG_AMO: a word of this rank's memory of that tier */
+    if (m->first >= EMA_TIER_MAX || ctx->tier[m->first] == NULL || m->count > 1) {
+        ema_malformed("atomic from rank %d on tier %u (compare-and-swap %u): dropped", src,
+                      m->first, m->count);
+        return 0;
+    }
+    const ema__mem_arena_t *a = ctx->tier[m->first];
+    if (!ema_win_amo_in(a, m->arg[0]) || ((m->arg[0] - (uintptr_t)a->base) & 7) != 0) {
+        ema_malformed("atomic from rank %d at %#" PRIx64 ", not an aligned word of this "
+                      "rank's memory of tier %u: dropped", src, m->arg[0], m->first);
+        return 0;
+    }
+    return 1;
 }
 
 /* Quick jobs: run by the progress thread or any waiting loop. */
@@ -194,6 +292,12 @@ static void ema_win_job(void *arg)
     reply.part   = m->part;
     reply.token  = m->token;
     if (m->type == EMA_WIN_MSG_INVAL) {
+        /* checked when it came (ema_win_request_ok); the window may have
+         * become known since */
+        if (win != NULL && !ema_win_inval_fits(win, m)) {
+            free(job);
+            return;
+        }
         if (win != NULL) {
             ema__win_inval_local(ctx, win, m->part, m->first, m->count);
         }
@@ -206,9 +310,11 @@ static void ema_win_job(void *arg)
             ema__win_part_t *p = &win->parts[ctx->rank];
             /* No lock: the owner may hold the window's lock while it waits
              * for this very rank.  A snapshot that changed under us (the
-             * version moved) is taken again; a location still marked
-             * MOVING stays marked in the requester's cache until the
-             * owner's UPDATE arrives. */
+             * version moved) is taken again, and so is one caught inside a
+             * grow or a shrink, between its stores of the segment count
+             * and the size (the requester accepts no size past the
+             * segments); a location still marked MOVING stays marked in
+             * the requester's cache until the owner's UPDATE arrives. */
             do {
                 free(locs);
                 reply.version = atomic_load(&p->version);
@@ -216,7 +322,8 @@ static void ema_win_job(void *arg)
                 reply.nsegs   = atomic_load(&p->nsegs);
                 reply.count   = reply.nsegs;
                 locs = ema_win_snapshot(win, 0, reply.count);
-            } while (locs != NULL && atomic_load(&p->version) != reply.version);
+            } while (locs != NULL && (atomic_load(&p->version) != reply.version ||
+                                      reply.size > (uint64_t)reply.nsegs * ctx->seg_size));
         }
         ema_win_send(ctx, job->src, &reply, locs, locs ? reply.count : 0);
         free(locs);
@@ -229,49 +336,78 @@ static void ema_win_job(void *arg)
     free(job);
 }
 
+/* The one entry point of EMA_AM_WIN (a UCX callback, through
+ * ema__xport_am_dispatch): the sender, the length and the type, then each
+ * message's fields, before anything changes. */
 static void ema_win_am(void *arg, int src, const void *data, size_t len)
 {
     ema__win_ctx_t *ctx = arg;
     ema_win_msg_t m;
 
+    if (src < 0 || src >= ctx->size || src == ctx->rank) {
+        ema_malformed("window control message from rank %d, not a peer: dropped", src);
+        return;
+    }
     if (len < sizeof(m)) {
-        ema_error("short window control message from rank %d", src);
+        ema_malformed("short window control message from rank %d (%zu bytes): dropped", src,
+                      len);
         return;
     }
     memcpy(&m, data, sizeof(m));
     const ema__loc_t *locs = (const ema__loc_t *)((const char *)data + sizeof(m));
-    if ((m.type == EMA_WIN_MSG_UPDATE || m.type == EMA_WIN_MSG_TABLE_REP) &&
-        len < sizeof(m) + (size_t)m.count * sizeof(ema__loc_t)) {
-        ema_error("truncated window table from rank %d", src);
+    if (m.type < EMA_WIN_MSG_INVAL || m.type > EMA_WIN_MSG_AMO_REP) {
+        ema_malformed("unknown window control message %u from rank %d: dropped", m.type, src);
+        return;
+    }
+    /* a table carries exactly its locations; the others nothing */
+    size_t want = sizeof(m);
+    if (m.type == EMA_WIN_MSG_UPDATE || m.type == EMA_WIN_MSG_TABLE_REP) {
+        want += (size_t)m.count * sizeof(ema__loc_t);
+    }
+    if (len != want) {
+        ema_malformed("window control message %u from rank %d of %zu bytes, not %zu: dropped",
+                      m.type, src, len, want);
         return;
     }
 
     switch (m.type) {
     case EMA_WIN_MSG_ACK:
-        ema_win_reply(ctx, src, m.token, NULL);
+        ema_win_reply(ctx, src, &m, 1);
         break;
     case EMA_WIN_MSG_UPDATE:
     case EMA_WIN_MSG_TABLE_REP: {
+        /* a window this rank does not know (freed here already): nothing
+         * to apply; a table request still ends */
         ema_win_h win = ema__win_find(ctx, m.win_id);
-        if (win != NULL && m.part >= 0 && m.part < ctx->size && m.count > 0) {
+        int valid = 1;
+        if (m.part != src) {
+            ema_malformed("window table (type %u) of rank %d's part from rank %d, which does "
+                          "not own it: dropped", m.type, m.part, src);
+            valid = 0;
+        } else if (win != NULL) {
+            valid = ema__win_update_check(win, m.part, m.size, m.nsegs, m.first, m.count,
+                                          locs);
+        }
+        if (valid && win != NULL) {
             ema__win_apply_update(win, m.part, m.version, m.size, m.nsegs, m.first, m.count,
-                                  locs);
-        } else if (win != NULL && m.part >= 0 && m.part < ctx->size) {
-            ema__win_apply_update(win, m.part, m.version, m.size, m.nsegs, 0, 0, NULL);
+                                  m.count > 0 ? locs : NULL);
         }
         if (m.type == EMA_WIN_MSG_TABLE_REP) {
-            ema_win_reply(ctx, src, m.token, NULL);
+            ema_win_reply(ctx, src, &m, valid);
         }
         break;
     }
     case EMA_WIN_MSG_AMO_REP:
-        ema_win_reply(ctx, src, m.token, &m);
+        ema_win_reply(ctx, src, &m, ema_win_status_ok(m.first));
         break;
     case EMA_WIN_MSG_INVAL:
     case EMA_WIN_MSG_AMO:
     case EMA_WIN_MSG_TABLE_REQ: {
         /* These wait (for in-flight operations, for a consistent table):
          * not inside a UCX callback. */
+        if (!ema_win_request_ok(ctx, src, &m)) {
+            return;
+        }
         ema_win_job_t *job = malloc(sizeof(*job));
         if (job == NULL) {
             ema_error("out of memory handling a window control message");
@@ -284,8 +420,6 @@ static void ema_win_am(void *arg, int src, const void *data, size_t len)
         ema__xport_defer(ctx->xp, EMA_JOB_QUICK, ema_win_job, job);
         break;
     }
-    default:
-        ema_error("unknown window control message %u from rank %d", m.type, src);
     }
 }
 
@@ -302,18 +436,24 @@ ema_status_t ema__win_invalidate_runs(ema_win_h win, const uint32_t *first,
 {
     EMA_WIN_ASSERT_LOCKED(win);
     ema__win_ctx_t *ctx = win->ctx;
-    ema_win_waiter_t w;
+    ema__win_waiter_t w;
     ema_win_msg_t m;
     ema_status_t status = EMA_SUCCESS;
     int sent = 0;
 
+    memset(&w, 0, sizeof(w));
     atomic_init(&w.done, 0);
+    w.type     = EMA_WIN_MSG_ACK;
+    w.peer     = -1;
+    w.per_peer = nruns;
+    w.acked    = calloc((size_t)(unsigned)ctx->size, sizeof(*w.acked));
     memset(&m, 0, sizeof(m));
     m.type   = EMA_WIN_MSG_INVAL;
     m.win_id = win->id;
     m.part   = ctx->rank;
-    m.token  = ema__xport_waiter_add(ctx->xp, &w);
+    m.token  = (w.acked != NULL) ? ema__xport_waiter_add(ctx->xp, &w, EMA_AM_WIN) : 0;
     if (m.token == 0) {
+        free(w.acked);
         return EMA_ERR_NO_MEMORY;
     }
     /* every message first, then one wait for all the acknowledgements */
@@ -337,6 +477,7 @@ ema_status_t ema__win_invalidate_runs(ema_win_h win, const uint32_t *first,
     ema_status_t st = ema__win_inval_local(ctx, win, ctx->rank, 0, 0); /* drain and flush */
     ema__xport_wait_flag(ctx->xp, EMA_WAIT_QUICK, &w.done, sent);
     ema__xport_waiter_del(ctx->xp, m.token);
+    free(w.acked);
     return (status == EMA_SUCCESS) ? st : status;
 }
 
@@ -381,18 +522,21 @@ ema_status_t ema__win_fetch(ema_win_h win, int part)
 {
     EMA_WIN_ASSERT_UNLOCKED(win);
     ema__win_ctx_t *ctx = win->ctx;
-    ema_win_waiter_t w;
+    ema__win_waiter_t w;
     ema_win_msg_t m;
 
     if (part == ctx->rank) {
         return EMA_SUCCESS; /* the owner's table is always current */
     }
+    memset(&w, 0, sizeof(w));
     atomic_init(&w.done, 0);
+    w.type   = EMA_WIN_MSG_TABLE_REP;
+    w.peer   = part;
     memset(&m, 0, sizeof(m));
     m.type   = EMA_WIN_MSG_TABLE_REQ;
     m.win_id = win->id;
     m.part   = part;
-    m.token  = ema__xport_waiter_add(ctx->xp, &w);
+    m.token  = ema__xport_waiter_add(ctx->xp, &w, EMA_AM_WIN);
     if (m.token == 0) {
         return EMA_ERR_NO_MEMORY;
     }

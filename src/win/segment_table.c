@@ -8,6 +8,7 @@
 #include "util/clock.h"
 #include "util/log.h"
 
+#include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -268,7 +269,8 @@ ema_status_t ema__win_inval_local(ema__win_ctx_t *ctx, ema_win_h win, int part, 
     }
     ema__win_part_t *p = &win->parts[part];
 
-    for (uint32_t i = first; i < first + count && i < p->max_segs; i++) {
+    /* [first, first + count) as 64-bit bounds: the sum may wrap in 32 */
+    for (uint64_t i = first; i < (uint64_t)first + count && i < p->max_segs; i++) {
         atomic_fetch_or(&p->loc[i], EMA_LOC_MOVING);
     }
     /* An issue that read the location before the mark is counted in
@@ -286,14 +288,56 @@ ema_status_t ema__win_inval_local(ema__win_ctx_t *ctx, ema_win_h win, int part, 
     return ema__xport_flush(ctx->xp);
 }
 
+int ema__win_loc_ok(const ema__win_ctx_t *ctx, ema__loc_t loc)
+{
+    int rank = EMA_LOC_RANK(loc), tier = EMA_LOC_TIER(loc);
+
+    if ((loc & EMA_LOC_FLAGS & ~EMA_LOC_MOVING) != 0 || rank < 0 || rank >= ctx->size ||
+        tier >= EMA_TIER_MAX) {
+        return 0;
+    }
+    /* every rank's tiers, from the modex (capacity 0: no such tier) */
+    return EMA_LOC_SEG(loc) < ctx->exports[tier][rank].capacity / ctx->seg_size;
+}
+
+int ema__win_update_check(ema_win_h win, int part, uint64_t size, uint32_t nsegs,
+                          uint32_t first, uint32_t count, const ema__loc_t *locs)
+{
+    ema__win_ctx_t *ctx = win->ctx;
+    ema__win_part_t *p  = &win->parts[part];
+
+    if (nsegs > p->max_segs || first > p->max_segs || count > p->max_segs - first) {
+        ema_malformed("table of rank %d's part of window %u: %u segments, locations %u..%"
+                      PRIu64 ", past its %u: dropped", part, win->id, nsegs, first,
+                      (uint64_t)first + count, p->max_segs);
+        return 0;
+    }
+    /* an offset below the size must fall in a segment of the part */
+    if (size > (uint64_t)nsegs * ctx->seg_size) {
+        ema_malformed("table of rank %d's part of window %u: %" PRIu64 " bytes in %u "
+                      "segments: dropped", part, win->id, size, nsegs);
+        return 0;
+    }
+    for (uint32_t i = 0; i < count; i++) {
+        if (!ema__win_loc_ok(ctx, locs[i])) {
+            ema_malformed("table of rank %d's part of window %u: segment %u at %#" PRIx64
+                          ", not a segment of any rank's memory: dropped", part, win->id,
+                          first + i, (uint64_t)locs[i]);
+            return 0;
+        }
+    }
+    return 1;
+}
+
 void ema__win_apply_update(ema_win_h win, int part, uint64_t version, size_t size,
                            uint32_t nsegs, uint32_t first, uint32_t count,
                            const ema__loc_t *locs)
 {
     ema__win_part_t *p = &win->parts[part];
 
+    /* checked by ema__win_update_check; the bounds again, without a wrap */
     if (version <= atomic_load(&p->version) || nsegs > p->max_segs ||
-        first + count > p->max_segs) {
+        first > p->max_segs || count > p->max_segs - first) {
         return; /* stale, or malformed */
     }
     for (uint32_t i = 0; i < count; i++) {

@@ -3,6 +3,7 @@
 #include "util/log.h"
 #include "util/state.h"
 
+#include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -320,6 +321,46 @@ typedef struct {
     ema__loc_t loc[];
 } ema_win_desc_t;
 
+int ema__win_desc_check(const ema__win_ctx_t *ctx, int r, const void *blob, size_t len)
+{
+    ema_win_desc_t d;
+
+    if (blob == NULL || len < sizeof(d)) {
+        ema_malformed("window allocation: rank %d's description has %zu bytes: the "
+                      "allocation fails", r, len);
+        return 0;
+    }
+    memcpy(&d, blob, sizeof(d));
+    if (d.status != EMA_SUCCESS) {
+        if (!ema__status_known_error(d.status)) {
+            ema_malformed("window allocation: rank %d's status %d is not a status: the "
+                          "allocation fails", r, d.status);
+            return 0;
+        }
+        return 1;
+    }
+    if (d.max_segs > EMA_WIN_MAX_SEGS || d.nsegs > d.max_segs ||
+        len - sizeof(d) != (size_t)d.nsegs * sizeof(ema__loc_t) ||
+        d.size > (uint64_t)d.nsegs * ctx->seg_size) {
+        ema_malformed("window allocation: rank %d's description (%u of %u segments, %" PRIu64
+                      " bytes, in %zu) is malformed: the allocation fails", r, d.nsegs,
+                      d.max_segs, d.size, len);
+        return 0;
+    }
+    for (uint32_t i = 0; i < d.nsegs; i++) {
+        ema__loc_t loc;
+        memcpy(&loc, (const char *)blob + sizeof(d) + (size_t)i * sizeof(loc), sizeof(loc));
+        /* a new part is made of its owner's own memory */
+        if (!ema__win_loc_ok(ctx, loc) || (loc & EMA_LOC_FLAGS) != 0 ||
+            EMA_LOC_RANK(loc) != r || EMA_LOC_TIER(loc) != EMA_TIER_DEVICE) {
+            ema_malformed("window allocation: rank %d's segment %u at %#" PRIx64 ", not a "
+                          "segment of its memory: the allocation fails", r, i, (uint64_t)loc);
+            return 0;
+        }
+    }
+    return 1;
+}
+
 ema_status_t ema__win_allocate(ema__win_ctx_t *ctx, ema_status_t arg, size_t size,
                                const ema_win_params_t *params, void **base_p, ema_win_h *win_p)
 {
@@ -427,6 +468,10 @@ exchange:
     }
     for (int r = 0; r < ctx->size; r++) {
         const ema_win_desc_t *d = blobs[r];
+        if (!ema__win_desc_check(ctx, r, blobs[r], lens[r])) {
+            status = EMA_ERR_TRANSPORT; /* the same on every rank: the same blob */
+            goto err_unmap;
+        }
         if (d->status != EMA_SUCCESS) {
             status = (ema_status_t)d->status;
             if (status == EMA_ERR_INVALID_PARAM && r != ctx->rank && local == EMA_SUCCESS) {

@@ -91,6 +91,7 @@ enum {
  * and written atomically: rank (16) | tier (8) | flags (8) | seg (32). */
 typedef uint64_t ema__loc_t;
 #define EMA_LOC_MOVING          (1ull << 32)
+#define EMA_LOC_FLAGS           (0xffull << 32)
 #define EMA_LOC(_rank, _tier, _seg) \
     (((uint64_t)(uint16_t)(_rank) << 48) | ((uint64_t)(uint8_t)(_tier) << 40) | (uint64_t)(_seg))
 #define EMA_LOC_RANK(_l)        ((int)(int16_t)((_l) >> 48))
@@ -414,6 +415,11 @@ void         ema__win_cpath_print(const ema__win_ctx_t *ctx, FILE *stream);
  * allocates nothing and makes the call fail on every rank with it. */
 ema_status_t ema__win_allocate(ema__win_ctx_t *ctx, ema_status_t arg, size_t size,
                                const ema_win_params_t *params, void **base_p, ema_win_h *win_p);
+/* Rank @r's description of its part in an allocation's allgather (@len
+ * bytes at @blob), before it is used: a status, or a well-formed part of
+ * @r's own memory.  0 (logged once per kind): the allocation fails. */
+int          ema__win_desc_check(const ema__win_ctx_t *ctx, int r, const void *blob,
+                                 size_t len);
 /* Collective: flush, barrier, then unmap the own part and give its
  * borrowed and spilled segments back (ctx->mem_ops). */
 ema_status_t ema__win_free(ema__win_ctx_t *ctx, ema_win_h win) EMA_EXCLUDES(win->lock);
@@ -469,6 +475,15 @@ ema_status_t ema__win_seg_unmap(ema_win_h win, uint32_t first, uint32_t count)
  * rank's part with or without a window's lock (the INVAL job). */
 ema_status_t ema__win_inval_local(ema__win_ctx_t *ctx, ema_win_h win, int part, uint32_t first,
                                   uint32_t count);
+/* @loc names a segment of some rank's memory: a rank of the world, a tier
+ * that rank has, a segment inside it, no flag but MOVING. */
+int          ema__win_loc_ok(const ema__win_ctx_t *ctx, ema__loc_t loc);
+/* An update of @part from its owner, before it is applied: the segment
+ * count and the run [@first, @first+@count) within the part's table, a
+ * @size within the segments, every location ema__win_loc_ok.  0 (logged
+ * once per kind): malformed, to be dropped. */
+int          ema__win_update_check(ema_win_h win, int part, uint64_t size, uint32_t nsegs,
+                                   uint32_t first, uint32_t count, const ema__loc_t *locs);
 /* Apply an update of @part: set size, segment count and locations from
  * @first on, if @version is newer than the cached one. */
 void         ema__win_apply_update(ema_win_h win, int part, uint64_t version, size_t size,

@@ -23,8 +23,12 @@ void ema__xport_coll_am(void *arg, int src, const void *data, size_t len)
     ema__xport_t *xp = arg;
     ema_coll_hdr_t hdr;
 
-    if (len < sizeof(hdr) || src < 0 || src >= xp->size) {
-        ema_error("malformed collective message from rank %d (%zu bytes)", src, len);
+    if (src < 0 || src >= xp->size || src == xp->rank) {
+        ema_malformed("collective message from rank %d, not a peer: dropped", src);
+        return;
+    }
+    if (len < sizeof(hdr)) {
+        ema_malformed("short collective message from rank %d (%zu bytes): dropped", src, len);
         return;
     }
     memcpy(&hdr, data, sizeof(hdr));
@@ -37,14 +41,38 @@ void ema__xport_coll_am(void *arg, int src, const void *data, size_t len)
     memcpy(copy, (const char *)data + sizeof(hdr), plen);
 
     pthread_mutex_lock(&xp->coll_lock);
+    /* A peer is in this rank's collective or at most one ahead (see the
+     * top), and sends one blob per collective: any other sequence number,
+     * a second blob, or a blob for a collective already complete here is
+     * malformed, and would make the collective complete without a blob or
+     * never. */
     ema__coll_slot_t *slot = &xp->coll_slot[hdr.seq & 1];
+    const char *bad = NULL;
+    if (hdr.seq == 0 || (hdr.seq != xp->coll_seq && hdr.seq != xp->coll_seq + 1)) {
+        bad = "out of sequence";
+    } else if (slot->seq == hdr.seq && slot->count < 0) {
+        bad = "for a collective already complete";
+    } else if (slot->seq == hdr.seq && slot->blobs[src] != NULL) {
+        bad = "repeated";
+    }
+    if (bad != NULL) {
+        uint64_t cur = xp->coll_seq;
+        pthread_mutex_unlock(&xp->coll_lock);
+        free(copy);
+        ema_malformed("collective message %llu from rank %d %s (this rank is at %llu): dropped",
+                      (unsigned long long)hdr.seq, src, bad, (unsigned long long)cur);
+        return;
+    }
     if (slot->seq != hdr.seq) {
         /* first message of a new collective in this slot; the previous one
          * using it has completed */
+        for (int r = 0; r < xp->size; r++) {
+            free(slot->blobs[r]);
+            slot->blobs[r] = NULL;
+        }
         slot->seq   = hdr.seq;
         slot->count = 0;
     }
-    free(slot->blobs[src]);
     slot->blobs[src] = copy;
     slot->lens[src]  = plen;
     slot->count++;
@@ -94,7 +122,9 @@ static ema_status_t ema_xport_allgather(ema__xport_t *xp, const void *blob, size
         status = EMA_ERR_NO_MEMORY;
         goto err;
     }
+    pthread_mutex_lock(&xp->coll_lock); /* the AM handler reads it */
     hdr.seq = ++xp->coll_seq;
+    pthread_mutex_unlock(&xp->coll_lock);
     if (len) {
         memcpy(mine, blob, len);
     }
@@ -116,7 +146,7 @@ static ema_status_t ema_xport_allgather(ema__xport_t *xp, const void *blob, size
                 lens[r]         = slot->lens[r];
                 slot->blobs[r]  = NULL;
             }
-            slot->count = 0;
+            slot->count = -1; /* complete: a late copy is dropped */
         }
         pthread_mutex_unlock(&xp->coll_lock);
         if (done || xp->size == 1) {

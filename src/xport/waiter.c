@@ -8,7 +8,10 @@
  * it can never write through a stale or forged pointer.
  *
  * An id is (generation << 32) | slot, generation counted per slot from 1,
- * so a slot reused by a later waiter does not answer to the old id.
+ * so a slot reused by a later waiter does not answer to the old id.  Each
+ * waiter has a kind (the AM id of the layer that waits), and a reply finds
+ * only its own layer's waiters: a window's reply with a pool waiter's id
+ * is dropped, not applied to a waiter of another type.
  */
 #include "xport.h"
 
@@ -32,7 +35,7 @@ void ema__xport_waiters_cleanup(ema__xport_t *xp)
     xp->waiters.cap   = 0;
 }
 
-uint64_t ema__xport_waiter_add(ema__xport_t *xp, void *waiter)
+uint64_t ema__xport_waiter_add(ema__xport_t *xp, void *waiter, unsigned kind)
 {
     ema__waiters_t *t = &xp->waiters;
     uint64_t id = 0;
@@ -47,6 +50,7 @@ uint64_t ema__xport_waiter_add(ema__xport_t *xp, void *waiter)
         }
         for (uint32_t i = t->cap; i < cap; i++) {
             s[i].waiter    = NULL;
+            s[i].kind      = 0;
             s[i].gen       = 0;
             s[i].next_free = (i + 1 < cap) ? i + 1 : UINT32_MAX;
         }
@@ -58,6 +62,7 @@ uint64_t ema__xport_waiter_add(ema__xport_t *xp, void *waiter)
     ema__waiter_slot_t *s = &t->slots[i];
     t->free   = s->next_free;
     s->waiter = waiter;
+    s->kind   = kind;
     s->gen    = (s->gen + 1 == 0) ? 1 : s->gen + 1;
     id        = ((uint64_t)s->gen << 32) | i;
     pthread_mutex_unlock(&t->lock);
@@ -78,14 +83,16 @@ void ema__xport_waiter_del(ema__xport_t *xp, uint64_t id)
     pthread_mutex_unlock(&t->lock);
 }
 
-int ema__xport_waiter_call(ema__xport_t *xp, uint64_t id, ema__waiter_cb cb, const void *arg)
+int ema__xport_waiter_call(ema__xport_t *xp, uint64_t id, unsigned kind, ema__waiter_cb cb,
+                           const void *arg)
 {
     ema__waiters_t *t = &xp->waiters;
     uint32_t i = EMA_WAITER_SLOT(id);
     int found  = 0;
 
     pthread_mutex_lock(&t->lock);
-    if (i < t->cap && t->slots[i].waiter != NULL && t->slots[i].gen == EMA_WAITER_GEN(id)) {
+    if (i < t->cap && t->slots[i].waiter != NULL && t->slots[i].gen == EMA_WAITER_GEN(id) &&
+        t->slots[i].kind == kind) {
         cb(t->slots[i].waiter, arg);
         found = 1;
     }

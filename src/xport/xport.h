@@ -43,7 +43,7 @@ typedef struct ema__xport_config {
 
 typedef struct ema__coll_slot {
     uint64_t  seq;
-    int       count;
+    int       count;  /* blobs in for seq; -1 once taken (complete) */
     void    **blobs;
     size_t   *lens;
 } ema__coll_slot_t;
@@ -82,6 +82,7 @@ typedef struct {
 /* The table of live waiters (xport/waiter.c). */
 typedef struct ema__waiter_slot {
     void     *waiter;    /* NULL: free */
+    unsigned  kind;      /* whose waiter: the AM id of the layer that waits */
     uint32_t  gen;       /* of the id last given out for this slot */
     uint32_t  next_free;
 } ema__waiter_slot_t;
@@ -139,6 +140,12 @@ typedef struct ema__xport {
 
     char             transports[256]; /* as UCX reports them, for ema_info */
     ema__waiters_t   waiters;         /* ids sent in requests, for the replies */
+
+    /* Tests only (tests/fuzz: a world without UCX, worker NULL): where
+     * ema__xport_am_send hands its messages when set. */
+    ema_status_t   (*send_hook)(void *arg, int peer, unsigned id, const void *hdr,
+                                size_t hdr_len, const void *data, size_t len);
+    void            *send_hook_arg;
 } ema__xport_t;
 
 /* A registered memory range: the local memh and packed rkey, and for each
@@ -195,6 +202,14 @@ void         ema__xport_destroy(ema__xport_t *xp);
 
 void ema__xport_set_am_handler(ema__xport_t *xp, unsigned id, ema__am_handler_cb cb,
                                void *arg);
+/* The one dispatch point of every active message (after UCX's callback
+ * checked its header): drops, logged once per kind, a message on an id
+ * with no handler or from a rank that is not a peer (outside the world, or
+ * this rank), hands a misaligned payload over as an aligned copy, and calls
+ * the id's handler, which checks the length and the type.  The fuzz
+ * harness (tests/fuzz) calls it directly, without UCX. */
+void ema__xport_am_dispatch(ema__xport_t *xp, unsigned id, int32_t src, const void *data,
+                            size_t len);
 /* Send an active message made of a header and a payload (either may be
  * empty) and wait for its local completion.  Must not be called from an AM
  * handler. */
@@ -267,16 +282,18 @@ void         ema__xport_coll_cleanup(ema__xport_t *xp);
 
 /* Live waiters (xport/waiter.c): a request sends the id of its waiter,
  * never its address; the reply's handler reaches the waiter only through
- * ema__xport_waiter_call, which drops ids that are not live.  add returns
- * 0 when out of memory (0 is never a valid id); del before the waiter's
- * memory goes away. */
+ * ema__xport_waiter_call, which drops ids that are not live or not of its
+ * @kind (the AM id of the layer waiting: EMA_AM_WIN, EMA_AM_POOL).  add
+ * returns 0 when out of memory (0 is never a valid id); del before the
+ * waiter's memory goes away. */
 void     ema__xport_waiters_init(ema__xport_t *xp);
 void     ema__xport_waiters_cleanup(ema__xport_t *xp);
-uint64_t ema__xport_waiter_add(ema__xport_t *xp, void *waiter);
+uint64_t ema__xport_waiter_add(ema__xport_t *xp, void *waiter, unsigned kind);
 void     ema__xport_waiter_del(ema__xport_t *xp, uint64_t id);
-/* Run @cb(waiter, @arg) under the table's lock if @id is live: 1, else 0. */
-int      ema__xport_waiter_call(ema__xport_t *xp, uint64_t id, ema__waiter_cb cb,
-                                const void *arg);
+/* Run @cb(waiter, @arg) under the table's lock if @id is live and of
+ * @kind: 1, else 0. */
+int      ema__xport_waiter_call(ema__xport_t *xp, uint64_t id, unsigned kind,
+                                ema__waiter_cb cb, const void *arg);
 
 /* Yield the CPU inside a wait loop when nothing progressed: ranks are often
  * oversubscribed on few cores. */

@@ -639,14 +639,24 @@ EMA_TEST("loopback", test_giveback_of_segment_not_lent_is_rejected_and_changes_n
     }
     ck_assert_int_eq(nsent, n0 + 4); /* and no advert */
 
-    /* the same segment twice in one give-back: freed once */
+    /* one segment lent to the sender among ones that are not, or the same
+     * segment twice: malformed, so none of it is taken back */
+    send_raw(B, L, EMA_POOL_MSG_GIVEBACK, 2, (uint32_t[]){0, 2}, 2, 0);
     send_raw(B, L, EMA_POOL_MSG_GIVEBACK, 2, (uint32_t[]){0, 0}, 2, 0);
+    pump();
+    for (int r = 0; r < NRANKS; r++) {
+        assert_same(r, &before[r], "a give-back with a segment not lent, or twice");
+    }
+    ck_assert_int_eq(nsent, n0 + 6); /* and no advert */
+
+    /* the real one: both back */
+    send_raw(B, L, EMA_POOL_MSG_GIVEBACK, 2, (uint32_t[]){1, 0}, 2, 0);
     pump();
     ema__pool_t *l = &side[L].pool;
     ck_assert_int_eq(l->lent_to[0], -1);
-    ck_assert_int_eq(l->lent_to[1], B);
-    ck_assert_uint_eq(l->arena->pool.nlent, 1);
-    ck_assert_uint_eq(ema__seg_pool_nfree(&l->arena->pool), before[L].nfree + 1);
+    ck_assert_int_eq(l->lent_to[1], -1);
+    ck_assert_uint_eq(l->arena->pool.nlent, 0);
+    ck_assert_uint_eq(ema__seg_pool_nfree(&l->arena->pool), before[L].nfree + 2);
 }
 END_TEST
 

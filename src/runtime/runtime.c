@@ -373,7 +373,7 @@ EMA_EXPORT ema_status_t ema_init(const ema_init_params_t *params)
                                    device, w->cfg.hugepages ? EMA_MEM_ARENA_HUGEPAGES : 0,
                                    &w->arena);
     if (status != EMA_SUCCESS) {
-        goto err_boot;
+        goto err_topo;
     }
     /* A reserve at or above the capacity lends nothing (ema(7)); as the
      * capacity, its count of segments (a uint32_t in the pool, added to
@@ -470,6 +470,7 @@ err_spill:
 err_arena:
     ema__mem_arena_destroy(w->arena);
     w->arena = NULL;
+err_topo:
     runtime_topo_cleanup(w);
 err_boot:
     ema__boot_abandon(&w->boot);

@@ -534,10 +534,10 @@ static ema_status_t cuda_copy(ema__mem_arena_t *arena, void *dst, const void *sr
     return ema__cu_status(res);
 }
 
-static ema_status_t cuda_copy_start(ema__mem_arena_t *arena, void *dst, const void *src,
-                                    size_t len)
+/* Queue a copy on @stream, and wait for everything queued on it. */
+static ema_status_t cuda_stream_copy(ema_cuda_arena_t *ca, CUstream stream, void *dst,
+                                     const void *src, size_t len)
 {
-    ema_cuda_arena_t *ca = arena->priv;
     ema_status_t status = cuda_ctx_set(ca);
     CUresult res;
 
@@ -545,21 +545,33 @@ static ema_status_t cuda_copy_start(ema__mem_arena_t *arena, void *dst, const vo
         return status;
     }
     EMA_CU_CALL(res, cuMemcpyAsync, (CUdeviceptr)(uintptr_t)dst,
-                (CUdeviceptr)(uintptr_t)src, len, ca->stream);
+                (CUdeviceptr)(uintptr_t)src, len, stream);
     return ema__cu_status(res);
 }
 
-static ema_status_t cuda_copy_wait(ema__mem_arena_t *arena)
+static ema_status_t cuda_stream_wait(ema_cuda_arena_t *ca, CUstream stream)
 {
-    ema_cuda_arena_t *ca = arena->priv;
     ema_status_t status = cuda_ctx_set(ca);
     CUresult res;
 
     if (status != EMA_SUCCESS) {
         return status;
     }
-    EMA_CU_CALL(res, cuStreamSynchronize, ca->stream);
+    EMA_CU_CALL(res, cuStreamSynchronize, stream);
     return ema__cu_status(res);
+}
+
+static ema_status_t cuda_copy_start(ema__mem_arena_t *arena, void *dst, const void *src,
+                                    size_t len)
+{
+    ema_cuda_arena_t *ca = arena->priv;
+    return cuda_stream_copy(ca, ca->stream, dst, src, len);
+}
+
+static ema_status_t cuda_copy_wait(ema__mem_arena_t *arena)
+{
+    ema_cuda_arena_t *ca = arena->priv;
+    return cuda_stream_wait(ca, ca->stream);
 }
 
 /* A mark is an event recorded on the copy stream; created per mark (about
@@ -613,28 +625,13 @@ static ema_status_t cuda_rma_copy_start(ema__mem_arena_t *arena, void *dst, cons
                                         size_t len)
 {
     ema_cuda_arena_t *ca = arena->priv;
-    ema_status_t status = cuda_ctx_set(ca);
-    CUresult res;
-
-    if (status != EMA_SUCCESS) {
-        return status;
-    }
-    EMA_CU_CALL(res, cuMemcpyAsync, (CUdeviceptr)(uintptr_t)dst,
-                (CUdeviceptr)(uintptr_t)src, len, ca->rstream);
-    return ema__cu_status(res);
+    return cuda_stream_copy(ca, ca->rstream, dst, src, len);
 }
 
 static ema_status_t cuda_rma_copy_wait(ema__mem_arena_t *arena)
 {
     ema_cuda_arena_t *ca = arena->priv;
-    ema_status_t status = cuda_ctx_set(ca);
-    CUresult res;
-
-    if (status != EMA_SUCCESS) {
-        return status;
-    }
-    EMA_CU_CALL(res, cuStreamSynchronize, ca->rstream);
-    return ema__cu_status(res);
+    return cuda_stream_wait(ca, ca->rstream);
 }
 
 const ema__mem_ops_t ema__mem_cuda_ops = {

@@ -43,7 +43,7 @@ PRESETS = {
     "cuda": dict(kv_mem="2G", seg=None, tok_bytes=131072,
                  args=["--phase", "1.5", "--warmup", "1", "--drain", "1.5",
                        "--prompt", "256,0.8,16,1024", "--output", "48,0.7,8,192",
-                       "--weights-gb", "2"]),
+                       "--weights-gb", "8"]),
 }
 
 
@@ -131,6 +131,71 @@ def calibrate(a, binary):
     return model
 
 
+HOT, COLD, BUSY = 1.8, 0.25, 0.5   # kv_serving's default demands, in C
+
+
+def demand_of(a, d):
+    """The hot ranks' KV in use during their hot phases, in C, from one run's
+    timelines: the mean over the samples of each hot phase's last 3/4 (the
+    first quarter is the ramp)."""
+    c = parse_size(a.kv_mem)
+    used = []
+    for path in glob.glob(os.path.join(d, "timeline_r*.csv")):
+        rows = list(csv.DictReader(open(path)))
+        phases = {}
+        for r in rows:
+            if r["hot"] == "1":
+                phases.setdefault(r["phase"], []).append(r)
+        for ph in phases.values():
+            used += [num(r["used"]) for r in ph[len(ph) // 4:]]
+    return statistics.mean(used) / c if used else float("nan")
+
+
+def calibrate_demand(a, binary, model):
+    """cuda: scale the offered load until the hot ranks' measured KV demand is
+    HOT x C.  The rates come from the step model (kv_load.c, by Little's law),
+    but on a GPU shared by 4 ranks a step's real time depends on what the
+    other ranks run at the same moment, which the model fits only on average;
+    a demand that ends up below C would test nothing.  So: pilot runs of the
+    oracle (memory never limits it) on seed 1 of the rotating load, measure
+    the hot ranks' KV in use, scale every demand (hot, cold, busy) by
+    HOT / measured, at most 3 times.  Returns the scale."""
+    path = os.path.join(a.out, "load_scale.txt")
+    if os.path.exists(path) and not a.force:
+        return float(open(path).read().split()[0])
+    scale, log = 1.0, []
+    for it in range(3):
+        d = os.path.join(a.out, "pilot", "p%d" % it)
+        if os.path.isdir(d):
+            shutil.rmtree(d)
+        os.makedirs(d)
+        env = run_env(a, "oracle")
+        argv = [binary, "--config", "oracle", "--scenario", "rotating", "--seed", "1",
+                "--kv-mem", a.kv_mem, "--tok-bytes", str(a.tok_bytes), "--out", d, "--quiet",
+                "--oracle-mult", str(a.oracle_mult)] + a.preset_args + demand_args(scale)
+        if model:
+            argv += ["--model", model]
+        argv += a.extra
+        rc, dt = launch(a, mpirun_cmd(a, env, argv), env, os.path.join(d, "run.log"))
+        got = demand_of(a, d) if rc == 0 else float("nan")
+        log.append("pilot %d: scale %.3f: hot demand %.2f C (%.0f s, rc %d)" % (it, scale, got, dt, rc))
+        print(log[-1], flush=True)
+        if not got > 0:
+            break
+        if abs(got - HOT) <= 0.1 * HOT:
+            break
+        scale = min(4.0, max(0.25, scale * HOT / got))
+    with open(path, "w") as f:
+        f.write("%.4f\n" % scale)
+        f.write("\n".join(log) + "\n")
+    return scale
+
+
+def demand_args(scale, hot=None):
+    return ["--hot", "%.4g" % ((HOT if hot is None else hot) * scale),
+            "--cold", "%.4g" % (COLD * scale), "--busy", "%.4g" % (BUSY * scale)]
+
+
 def plan(a):
     runs = []
     for scn in a.scenarios:
@@ -173,8 +238,8 @@ def run_all(a, binary, model):
             argv += ["--model", model]
         if a.slo:
             argv += ["--slo", a.slo]
-        if hot is not None:
-            argv += ["--hot", str(hot)]
+        if a.load_scale != 1.0 or hot is not None:
+            argv += demand_args(a.load_scale, hot)
         argv += a.extra
         rc, dt = launch(a, mpirun_cmd(a, env, argv), env, os.path.join(d, "run.log"))
         tag = "%s %s seed %d%s" % (scn, cfg, seed, "" if hot is None else " hot %g" % hot)
@@ -356,6 +421,10 @@ def tabulate(a, data):
     lines.append("%d ranks, C = %s of KV memory per rank, %d B of K/V per token; "
                  "seeds 1-%d; values are medians over seeds [min–max].\n"
                  % (a.np, a.kv_mem, a.tok_bytes, a.seeds))
+    for name in ("calibration.txt", "load_scale.txt"):
+        path = os.path.join(a.out, name)
+        if os.path.exists(path):
+            lines.append("%s: %s\n" % (name, "; ".join(open(path).read().split("\n")).strip("; ")))
     json_out = {}
     for scn in SCENARIOS:
         cfgs = [c for c in CONFIGS if (scn, c, None) in data]
@@ -487,6 +556,9 @@ def main():
     ap.add_argument("--gpu-map", help="EMA_GPU_MAP (cuda; default all ranks on GPU 0)")
     ap.add_argument("--model", help="step model B,D,K,P (cuda: calibrated unless given)")
     ap.add_argument("--slo", help="TTFT,TPOT targets in seconds")
+    ap.add_argument("--demand-cal", choices=["auto", "on", "off"], default="auto",
+                    help="pilot oracle runs that scale the load until the hot ranks' measured "
+                    "KV demand is 1.8 C (auto: on for cuda)")
     ap.add_argument("--build", help="the build directory (default ../build)")
     ap.add_argument("--mpirun", default="mpirun")
     ap.add_argument("--timeout", type=int, default=300, help="mpirun --timeout of each run")
@@ -521,6 +593,11 @@ def main():
             b, d, k, p = (float(x) for x in model.split(","))
             step = (b + k * 1e-3 * parse_size(a.kv_mem) / a.tok_bytes) * 1e-3
             a.slo = "%.3f,%.4f" % (max(1.0, 50 * step), 4 * step)
+        a.load_scale = 1.0
+        if a.demand_cal == "on" or (a.demand_cal == "auto" and a.kind == "cuda"):
+            a.load_scale = calibrate_demand(a, binary, model)
+            print("offered load scaled by %.3f (hot %.2f C by the model)"
+                  % (a.load_scale, HOT * a.load_scale), flush=True)
         failed = run_all(a, binary, model)
     data = collect(a)
     if not data:

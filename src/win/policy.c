@@ -80,15 +80,16 @@ static uint32_t policy_ahead(const ema__win_policy_t *pol, uint64_t pos, uint32_
     return n;
 }
 
-/* The groups behind position @pos, those used again last first: g-1, g-2,
- * ..., 0 (and, cyclic, count-1 down to the groups ahead), the current
- * group included (the plan's marks leave it out). */
+/* Every group, those used again last first: the current group g (the
+ * plan's marks leave it out), g-1, ..., 0, then count-1 down to the groups
+ * ahead (also left out).  That is the order of their next use reversed,
+ * cyclic or not: a walk that is not cyclic starts again at group 0, so the
+ * groups at its end come back after those just passed. */
 static uint32_t policy_behind(const ema__win_policy_t *pol, uint64_t pos, uint32_t *g)
 {
     uint32_t n = 0, next = (uint32_t)pos;
-    uint32_t lim = (pol->flags & EMA_WIN_POLICY_FLAG_CYCLIC) ? pol->count : next;
 
-    for (uint32_t j = 1; j <= lim; j++) {
+    for (uint32_t j = 1; j <= pol->count; j++) {
         g[n++] = (uint32_t)(((uint64_t)next + pol->count - j) % pol->count);
     }
     return n;

@@ -326,7 +326,7 @@ EMA_EXPORT ema_status_t ema_reclaim_release(size_t bytes);
 /**
  * Called on the owner before [offset, offset+len) of its part moves to other
  * memory: once per recall (held ranges included), and before a shrink's or a
- * prefetch's moves home.  Runs without the window's lock (it may call
+ * prefetch's moves home and a prefetch policy's moves (ema_win_set_policy()).  Runs without the window's lock (it may call
  * ema_win_release(), ema_win_acquire(), ema_win_stat()), on the progress
  * thread for a recall or a prefetch (without one: inside ema_progress(),
  * ema_barrier() or ema_win_free()), on the calling thread for a shrink.
@@ -437,16 +437,16 @@ EMA_EXPORT ema_status_t ema_win_advance(ema_win_h win, size_t group);
 
 /** Fields of ema_win_policy_stat_t, for its field_mask (output only). */
 enum {
-    EMA_WIN_POLICY_STAT_FIELD_COUNT            = 1ull << 0,
-    EMA_WIN_POLICY_STAT_FIELD_DEPTH            = 1ull << 1,
-    EMA_WIN_POLICY_STAT_FIELD_GROUP            = 1ull << 2,
-    EMA_WIN_POLICY_STAT_FIELD_BYTES_AHEAD      = 1ull << 3,
+    EMA_WIN_POLICY_STAT_FIELD_COUNT             = 1ull << 0,
+    EMA_WIN_POLICY_STAT_FIELD_DEPTH             = 1ull << 1,
+    EMA_WIN_POLICY_STAT_FIELD_GROUP             = 1ull << 2,
+    EMA_WIN_POLICY_STAT_FIELD_BYTES_AHEAD       = 1ull << 3,
     EMA_WIN_POLICY_STAT_FIELD_BYTES_AHEAD_LOCAL = 1ull << 4,
-    EMA_WIN_POLICY_STAT_FIELD_BYTES_PREFETCHED = 1ull << 5,
-    EMA_WIN_POLICY_STAT_FIELD_BYTES_EVICTED    = 1ull << 6,
-    EMA_WIN_POLICY_STAT_FIELD_SKIPPED_HELD     = 1ull << 7,
-    EMA_WIN_POLICY_STAT_FIELD_DEFERRED         = 1ull << 8,
-    EMA_WIN_POLICY_STAT_FIELD_RUNS             = 1ull << 9
+    EMA_WIN_POLICY_STAT_FIELD_BYTES_PREFETCHED  = 1ull << 5,
+    EMA_WIN_POLICY_STAT_FIELD_BYTES_EVICTED     = 1ull << 6,
+    EMA_WIN_POLICY_STAT_FIELD_SKIPPED_HELD      = 1ull << 7,
+    EMA_WIN_POLICY_STAT_FIELD_DEFERRED          = 1ull << 8,
+    EMA_WIN_POLICY_STAT_FIELD_RUNS              = 1ull << 9
 };
 
 /**

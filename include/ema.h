@@ -326,9 +326,10 @@ EMA_EXPORT ema_status_t ema_reclaim_release(size_t bytes);
 /**
  * Called on the owner before [offset, offset+len) of its part moves to other
  * memory: once per recall (held ranges included), and before a shrink's or a
- * prefetch's moves home and a prefetch policy's moves (ema_win_set_policy()).  Runs without the window's lock (it may call
- * ema_win_release(), ema_win_acquire(), ema_win_stat()), on the progress
- * thread for a recall or a prefetch (without one: inside ema_progress(),
+ * prefetch's moves home and a prefetch policy's moves (ema_win_set_policy()).
+ * Runs without the window's lock (it may call ema_win_release(),
+ * ema_win_acquire(), ema_win_stat()), on the progress thread for a recall,
+ * a prefetch or a policy (without one: inside ema_progress(),
  * ema_barrier() or ema_win_free()), on the calling thread for a shrink.
  * A held range never moves, so the owner may keep using it until it
  * releases it; a range not held must be left alone by plain loads and

@@ -326,9 +326,10 @@ EMA_EXPORT ema_status_t ema_reclaim_release(size_t bytes);
 /**
  * Called on the owner before [offset, offset+len) of its part moves to other
  * memory: once per recall (held ranges included), and before a shrink's or a
- * prefetch's moves home.  Runs without the window's lock (it may call
- * ema_win_release(), ema_win_acquire(), ema_win_stat()), on the progress
- * thread for a recall or a prefetch (without one: inside ema_progress(),
+ * prefetch's moves home and a prefetch policy's moves (ema_win_set_policy()).
+ * Runs without the window's lock (it may call ema_win_release(),
+ * ema_win_acquire(), ema_win_stat()), on the progress thread for a recall,
+ * a prefetch or a policy (without one: inside ema_progress(),
  * ema_barrier() or ema_win_free()), on the calling thread for a shrink.
  * A held range never moves, so the owner may keep using it until it
  * releases it; a range not held must be left alone by plain loads and
@@ -367,6 +368,114 @@ EMA_EXPORT ema_status_t ema_win_release(ema_win_h win, size_t offset, size_t len
  * stores meanwhile.  ema_win_stat() shows the result.
  */
 EMA_EXPORT ema_status_t ema_win_prefetch(ema_win_h win, size_t offset, size_t len);
+
+/* ------------------------------------------------------------------------- */
+/* Prefetch policy: a sliding window over the groups an application walks     */
+/* ------------------------------------------------------------------------- */
+
+/** A byte range of a window's own part. */
+typedef struct {
+    size_t offset; /**< byte offset in this rank's own part */
+    size_t length; /**< bytes, at least 1 */
+} ema_win_range_t;
+
+/** Fields of ema_win_policy_params_t that are set. */
+enum {
+    EMA_WIN_POLICY_PARAM_FIELD_RANGES = 1ull << 0, /**< ranges and count */
+    EMA_WIN_POLICY_PARAM_FIELD_DEPTH  = 1ull << 1, /**< depth; default 1 */
+    EMA_WIN_POLICY_PARAM_FIELD_FLAGS  = 1ull << 2  /**< flags; default 0 */
+};
+
+/** ema_win_policy_params_t.flags. */
+enum {
+    /** The walk wraps: after the last group comes the first again (decode
+     *  steps over the same layers).  Without it the groups ahead of the last
+     *  are none, and a walk restarts with ema_win_advance(win, 0). */
+    EMA_WIN_POLICY_FLAG_CYCLIC   = 1u << 0,
+    /** Never move groups behind the walk out to make room: bring groups
+     *  ahead home only into free local memory. */
+    EMA_WIN_POLICY_FLAG_NO_EVICT = 1u << 1
+};
+
+/**
+ * Options of ema_win_set_policy().  ranges[i] is group i, in the order the
+ * application walks them (any offsets; groups must not overlap).  The
+ * array is copied.
+ */
+typedef struct {
+    uint64_t               field_mask; /**< EMA_WIN_POLICY_PARAM_FIELD_* bits */
+    const ema_win_range_t *ranges;     /**< [count] groups in walk order */
+    size_t                 count;      /**< groups; 0 removes the policy */
+    unsigned               depth;      /**< groups kept local ahead of the
+                                            current one, 1..count */
+    unsigned               flags;      /**< EMA_WIN_POLICY_FLAG_* bits */
+} ema_win_policy_params_t;
+
+/**
+ * Set (replace) the prefetch policy of this rank's own part of @a win, or
+ * remove it (@a params NULL, or count 0).  The walk starts before group 0:
+ * the progress engine at once starts making groups 0..depth-1 local.  Then
+ * each ema_win_advance(win, g) makes groups g+1..g+depth local (wrapping
+ * with EMA_WIN_POLICY_FLAG_CYCLIC), moving segments of groups behind g out
+ * to borrowed or spilled memory only where free local memory is short.
+ * Never moves a segment held with ema_win_acquire(); defers its moves while
+ * a lender's reclaim of this rank's borrowed memory runs.  Not collective.
+ * Cost: a copy of the ranges and a queued job.  Removed by
+ * ema_win_set_policy(win, NULL) or ema_win_free().
+ */
+EMA_EXPORT ema_status_t ema_win_set_policy(ema_win_h win, const ema_win_policy_params_t *params);
+
+/**
+ * Report that the application now works on group @a group of the policy
+ * (0..count-1; any order).  Non-blocking and lock-free: it records the
+ * position and queues the progress engine's job if none is queued.
+ * EMA_ERR_STATE when the window has no policy.
+ */
+EMA_EXPORT ema_status_t ema_win_advance(ema_win_h win, size_t group);
+
+/** ema_win_policy_stat_t.group before the first ema_win_advance(). */
+#define EMA_WIN_POLICY_NO_GROUP SIZE_MAX
+
+/** Fields of ema_win_policy_stat_t, for its field_mask (output only). */
+enum {
+    EMA_WIN_POLICY_STAT_FIELD_COUNT             = 1ull << 0,
+    EMA_WIN_POLICY_STAT_FIELD_DEPTH             = 1ull << 1,
+    EMA_WIN_POLICY_STAT_FIELD_GROUP             = 1ull << 2,
+    EMA_WIN_POLICY_STAT_FIELD_BYTES_AHEAD       = 1ull << 3,
+    EMA_WIN_POLICY_STAT_FIELD_BYTES_AHEAD_LOCAL = 1ull << 4,
+    EMA_WIN_POLICY_STAT_FIELD_BYTES_PREFETCHED  = 1ull << 5,
+    EMA_WIN_POLICY_STAT_FIELD_BYTES_EVICTED     = 1ull << 6,
+    EMA_WIN_POLICY_STAT_FIELD_SKIPPED_HELD      = 1ull << 7,
+    EMA_WIN_POLICY_STAT_FIELD_DEFERRED          = 1ull << 8,
+    EMA_WIN_POLICY_STAT_FIELD_RUNS              = 1ull << 9
+};
+
+/**
+ * The policy of one window part.  field_mask is output only, as in
+ * ema_win_stat_t.  The counters cover the window's lifetime, across
+ * policies.
+ */
+typedef struct {
+    uint64_t field_mask;        /**< out: EMA_WIN_POLICY_STAT_FIELD_* bits written */
+    size_t   count;             /**< groups of the policy (0: none) */
+    unsigned depth;             /**< groups kept local ahead */
+    size_t   group;             /**< last group advanced to, or EMA_WIN_POLICY_NO_GROUP */
+    size_t   bytes_ahead;       /**< bytes of the groups to keep local now */
+    size_t   bytes_ahead_local; /**< of those, in this rank's own memory now */
+    uint64_t bytes_prefetched;  /**< moved home by the policy */
+    uint64_t bytes_evicted;     /**< moved out (borrowed or spilled) by the policy */
+    uint64_t skipped_held;      /**< segment moves left out: held (ema_win_acquire) */
+    uint64_t deferred;          /**< runs deferred for a lender's reclaim */
+    uint64_t runs;              /**< runs of the policy's job */
+    uint64_t reserved[8];       /**< room for later fields; this version leaves it alone */
+} ema_win_policy_stat_t;
+
+/**
+ * The prefetch policy of this rank's part of @a win and what it did.
+ * Works without a policy (count 0, the counters so far).  Cost: one load
+ * per segment of the groups ahead, under the window's lock.
+ */
+EMA_EXPORT ema_status_t ema_win_policy_stat(ema_win_h win, ema_win_policy_stat_t *stat_p);
 
 /**
  * Fields of ema_win_stat_t, for its field_mask.  One bit per field; bits

@@ -453,6 +453,8 @@ static void ema_pool_park(ema__pool_t *pool, ema_pool_job_t *job, uint64_t gen)
     pthread_mutex_unlock(&pool->lock);
     if (job != NULL) {
         ema__xport_defer(pool->xp, EMA_JOB_LONG, ema__pool_recall_job, job);
+    } else {
+        ema__win_recall_end(pool->win); /* parked: policies need not wait for it */
     }
 }
 
@@ -465,6 +467,7 @@ void ema__pool_unpark(ema__pool_t *pool)
     pthread_mutex_unlock(&pool->lock);
     while (job != NULL) {
         ema_pool_job_t *next = job->next;
+        ema__win_recall_begin(pool->win);
         ema__xport_defer(pool->xp, EMA_JOB_LONG, ema__pool_recall_job, job);
         job = next;
     }
@@ -549,6 +552,7 @@ out:
         return;
     }
     free(job);
+    ema__win_recall_end(pool->win);
 }
 
 static void ema_pool_changed(void *arg, unsigned what)

@@ -231,6 +231,11 @@ typedef struct ema__win_ctx {
     _Atomic uint64_t   bytes_migrated; /* moved by ema__win_move, all windows */
     unsigned           debug_link_delay_us; /* EMA_DEBUG_WIN_LINK_DELAY */
     ema__win_cpath_t   cpath;   /* the cuda kind's direct path */
+    /* Recall jobs queued or running (not parked), counted by the pool
+     * (ema__win_recall_begin/_end): prefetch policies yield to them, and
+     * @policy_yielded says one did, so the last recall's end restarts them. */
+    atomic_int         recalls;
+    atomic_int         policy_yielded;
 } ema__win_ctx_t;
 
 /* A window's lock: a pthread mutex that clang's -Wthread-safety knows as a
@@ -257,8 +262,15 @@ struct ema_win {
     ema_reclaim_cb   reclaim_cb;
     void            *reclaim_arg;
     atomic_int      *held;     /* [max_segs]: ema_win_acquire counts */
-    atomic_int       prefetching; /* queued ema_win_prefetch jobs */
+    atomic_int       prefetching; /* queued ema_win_prefetch and policy jobs */
     ema__win_stats_t stats;
+    /* The prefetch policy (policy.c).  @policy under lock; ema_win_advance
+     * reads and writes only the atomics, never the lock. */
+    struct ema__win_policy *policy;
+    _Atomic uint64_t policy_gc;     /* generation << 32 | group count (0: none) */
+    _Atomic uint64_t policy_pos;    /* generation << 32 | group + 1 (0: not started) */
+    atomic_int       policy_queued; /* a policy job is queued and not started */
+    _Atomic uint64_t policy_ctr[5]; /* EMA_WIN_POLICY_CTR_* */
 };
 
 /* Request handles.  A request is either a UCX request (its user area holds
@@ -514,6 +526,26 @@ void         ema__win_recall(ema__win_ctx_t *ctx, int src, const uint32_t *segs,
  * there (ema_win_stat's bytes_wanted); forgets the segments wanted back
  * that have left the part.  Requires win->lock. */
 size_t       ema__win_wanted_bytes(ema_win_h win) EMA_REQUIRES(win->lock);
+
+/* --- the prefetch policy (win/policy.c) ---------------------------------- */
+
+/* Counters of struct ema_win's policy_ctr[]. */
+enum {
+    EMA_WIN_POLICY_CTR_PREFETCHED = 0, /* bytes */
+    EMA_WIN_POLICY_CTR_EVICTED    = 1, /* bytes */
+    EMA_WIN_POLICY_CTR_SKIPPED    = 2, /* segment moves left out: held */
+    EMA_WIN_POLICY_CTR_DEFERRED   = 3, /* runs that yielded to a recall */
+    EMA_WIN_POLICY_CTR_RUNS       = 4
+};
+
+/* A lender's recall is queued (@begin) or has ended or parked (@end): the
+ * pool calls these around each recall job, from any thread, no lock held
+ * but in the dispatch (a UCX callback: begin only, which just counts).
+ * The end of the last one queues the policy jobs that yielded. */
+void         ema__win_recall_begin(ema__win_ctx_t *ctx);
+void         ema__win_recall_end(ema__win_ctx_t *ctx);
+/* Drop @win's policy once the window is freed (ema_win_free). */
+void         ema__win_policy_drop(ema_win_h win) EMA_EXCLUDES(win->lock);
 
 /* --- coherence of cached tables (win/coherence.c) ------------------------ */
 

@@ -1,0 +1,596 @@
+/*
+ * The prefetch policy: a sliding window over the groups (layer groups, say)
+ * that an application walks in a window's own part, as the EMA paper does
+ * for an LLM's layers.  ema_win_set_policy names the groups in walk order
+ * and a depth; ema_win_advance(win, g) says the application now works on
+ * group g.  The progress engine then, in one long job (like a prefetch's):
+ *
+ *   1. yields if a lender's recall is queued or running (ctx->recalls): its
+ *      moves must not compete with the recall for the window's lock or for
+ *      free memory; the recall's end queues the job again;
+ *   2. plans, under win->lock: "ahead", the away segments (borrowed or
+ *      spilled) of groups g+1..g+depth, nearest first; "behind", the local
+ *      segments of the groups in reverse walk order from g-1 (those used
+ *      again last), never of the current group nor of a group ahead; held
+ *      segments are left out of both (and counted);
+ *   3. tells the owner (reclaim callback, without the lock) of the ranges
+ *      that may move, then replans and moves only what it told of;
+ *   4. takes free local memory for the ahead segments; where it is short,
+ *      moves as many behind segments out (to peers, then the spill tier:
+ *      ctx->mem_ops, never this rank's own memory), which frees local
+ *      memory, and takes that;
+ *   5. moves the ahead segments home (ema__win_move), nearest group first.
+ *
+ * Every move is ema__win_move's migration, so a segment acquired meanwhile
+ * stays where it is.  ema_win_advance touches only atomics: a position word
+ * and a "queued" flag, tagged with the policy's generation, so an advance
+ * that races a replacement applies to the old policy and is ignored.
+ */
+#include "win.h"
+
+#include "util/log.h"
+#include "util/state.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct ema__win_policy {
+    ema_win_range_t *ranges; /* [count], walk order */
+    uint32_t         count;
+    uint32_t         gen;
+    unsigned         depth;
+    unsigned         flags;
+} ema__win_policy_t;
+
+#define EMA_WIN_POLICY_FIELDS (EMA_WIN_POLICY_PARAM_FIELD_RANGES | \
+                               EMA_WIN_POLICY_PARAM_FIELD_DEPTH |  \
+                               EMA_WIN_POLICY_PARAM_FIELD_FLAGS)
+#define EMA_WIN_POLICY_FLAGS  (EMA_WIN_POLICY_FLAG_CYCLIC | EMA_WIN_POLICY_FLAG_NO_EVICT)
+
+/* Per-segment marks of a plan. */
+enum {
+    MARK_SEEN     = 1u << 0, /* in the current group or a group ahead */
+    MARK_NOTIFIED = 1u << 1  /* the owner heard it may move */
+};
+
+/* --- the walk ------------------------------------------------------------- */
+
+/* The groups to keep local after position @pos (0: before group 0, else
+ * group pos-1 is current), nearest first; returns how many, in @g. */
+static uint32_t policy_ahead(const ema__win_policy_t *pol, uint64_t pos, uint32_t *g)
+{
+    uint32_t n = 0, next = (uint32_t)pos; /* the group after the current one */
+    uint32_t lim = pol->depth;
+
+    if (pol->flags & EMA_WIN_POLICY_FLAG_CYCLIC) {
+        /* at most every group but the current one */
+        uint32_t others = pol->count - (pos > 0 ? 1 : 0);
+        lim = (lim < others) ? lim : others;
+    }
+    for (uint32_t k = 0; k < lim; k++) {
+        uint64_t x = (uint64_t)next + k;
+        if (x >= pol->count) {
+            if (!(pol->flags & EMA_WIN_POLICY_FLAG_CYCLIC)) {
+                break;
+            }
+            x %= pol->count;
+        }
+        g[n++] = (uint32_t)x;
+    }
+    return n;
+}
+
+/* Every group, those used again last first: the current group g (the
+ * plan's marks leave it out), g-1, ..., 0, then count-1 down to the groups
+ * ahead (also left out).  That is the order of their next use reversed,
+ * cyclic or not: a walk that is not cyclic starts again at group 0, so the
+ * groups at its end come back after those just passed. */
+static uint32_t policy_behind(const ema__win_policy_t *pol, uint64_t pos, uint32_t *g)
+{
+    uint32_t n = 0, next = (uint32_t)pos;
+
+    for (uint32_t j = 1; j <= pol->count; j++) {
+        g[n++] = (uint32_t)(((uint64_t)next + pol->count - j) % pol->count);
+    }
+    return n;
+}
+
+/* Segments [first, last] of range @r in a part of @ns segments; 0 if none. */
+static int policy_segs(const ema_win_range_t *r, size_t seg, uint32_t ns, uint32_t *first,
+                       uint32_t *last)
+{
+    uint64_t f = r->offset / seg, l = (r->offset + r->length - 1) / seg;
+    if (ns == 0 || f >= ns) {
+        return 0;
+    }
+    *first = (uint32_t)f;
+    *last  = (uint32_t)((l < ns) ? l : ns - 1);
+    return 1;
+}
+
+static int loc_home(const ema__win_ctx_t *ctx, ema__loc_t l)
+{
+    return EMA_LOC_TIER(l) == EMA_TIER_DEVICE && EMA_LOC_RANK(l) == ctx->rank;
+}
+
+/* --- one run of the policy ------------------------------------------------- */
+
+typedef struct {
+    uint32_t *groups;  /* [count] scratch */
+    uint8_t  *mark;    /* [nsegs] MARK_* */
+    uint32_t *ahead;   /* away segments of the groups ahead, nearest first */
+    uint32_t *behind;  /* local segments behind, used again last first */
+    uint32_t  nahead, nbehind, nheld, nsegs;
+} policy_plan_t;
+
+/* Fill @p for @pol at @pos; with @only_notified, only segments marked
+ * MARK_NOTIFIED by an earlier plan.  Requires win->lock. */
+static void policy_plan(ema_win_h win, const ema__win_policy_t *pol, uint64_t pos,
+                        policy_plan_t *p, int only_notified) EMA_REQUIRES(win->lock)
+{
+    EMA_WIN_ASSERT_LOCKED(win);
+    ema__win_ctx_t *ctx   = win->ctx;
+    ema__win_part_t *part = &win->parts[ctx->rank];
+    uint32_t ns = atomic_load(&part->nsegs), first, last;
+    if (ns > p->nsegs) {
+        ns = p->nsegs; /* grown since the scratch was sized: not planned now */
+    }
+
+    p->nahead = p->nbehind = p->nheld = 0;
+    for (uint32_t i = 0; i < ns; i++) {
+        p->mark[i] &= MARK_NOTIFIED;
+    }
+    /* the current group is neither brought nor evicted: the application is on it */
+    if (pos > 0 && policy_segs(&pol->ranges[pos - 1], ctx->seg_size, ns, &first, &last)) {
+        for (uint32_t i = first; i <= last; i++) {
+            p->mark[i] |= MARK_SEEN;
+        }
+    }
+    uint32_t ng = policy_ahead(pol, pos, p->groups);
+    for (uint32_t k = 0; k < ng; k++) {
+        if (!policy_segs(&pol->ranges[p->groups[k]], ctx->seg_size, ns, &first, &last)) {
+            continue;
+        }
+        for (uint32_t i = first; i <= last; i++) {
+            int seen = p->mark[i] & MARK_SEEN;
+            p->mark[i] |= MARK_SEEN;
+            ema__loc_t l = atomic_load(&part->loc[i]) & ~EMA_LOC_MOVING;
+            if (seen || loc_home(ctx, l)) {
+                continue;
+            }
+            if (atomic_load(&win->held[i]) > 0) {
+                p->nheld++;
+            } else if (!only_notified || (p->mark[i] & MARK_NOTIFIED)) {
+                p->ahead[p->nahead++] = i;
+            }
+        }
+    }
+    if (pol->flags & EMA_WIN_POLICY_FLAG_NO_EVICT) {
+        return;
+    }
+    ng = policy_behind(pol, pos, p->groups);
+    for (uint32_t k = 0; k < ng; k++) {
+        if (!policy_segs(&pol->ranges[p->groups[k]], ctx->seg_size, ns, &first, &last)) {
+            continue;
+        }
+        for (uint32_t i = last + 1; i-- > first;) {
+            ema__loc_t l = atomic_load(&part->loc[i]) & ~EMA_LOC_MOVING;
+            if ((p->mark[i] & MARK_SEEN) || !loc_home(ctx, l)) {
+                continue;
+            }
+            p->mark[i] |= MARK_SEEN; /* counted once */
+            if (atomic_load(&win->held[i]) > 0) {
+                p->nheld++;
+            } else if (!only_notified || (p->mark[i] & MARK_NOTIFIED)) {
+                p->behind[p->nbehind++] = i;
+            }
+        }
+    }
+}
+
+/* How many of the behind segments would have to leave for the ahead ones
+ * to fit in @nfree free local segments. */
+static uint32_t policy_short(const policy_plan_t *p, uint32_t nfree)
+{
+    uint32_t need = (p->nahead > nfree) ? p->nahead - nfree : 0;
+    return (need < p->nbehind) ? need : p->nbehind;
+}
+
+/* A lender's recall is queued or running: note that this window yielded
+ * (first, so that a recall ending meanwhile sees it), then look. */
+static int policy_yield(ema__win_ctx_t *ctx)
+{
+    atomic_store(&ctx->policy_yielded, 1);
+    return atomic_load(&ctx->recalls) > 0;
+}
+
+/* Move @idx[0..n) to @loc (with @hdl); returns how many of them moved. */
+static uint32_t policy_move(ema_win_h win, uint32_t *idx, uint32_t n, const ema__loc_t *loc,
+                            const int64_t *hdl, ema__loc_t *old) EMA_REQUIRES(win->lock)
+{
+    EMA_WIN_ASSERT_LOCKED(win);
+    ema__win_part_t *part = &win->parts[win->ctx->rank];
+    uint32_t *copy = malloc((n ? n : 1) * sizeof(*copy));
+    uint32_t moved = 0;
+
+    if (copy == NULL) {
+        win->ctx->mem_ops->release(win->ctx->mem_arg, loc, n);
+        return 0;
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        copy[i] = idx[i];
+        old[i]  = atomic_load(&part->loc[idx[i]]) & ~EMA_LOC_MOVING;
+    }
+    ema__win_move(win, idx, n, -1, loc, hdl); /* sorts idx; releases what did not move */
+    for (uint32_t i = 0; i < n; i++) {
+        moved += (atomic_load(&part->loc[copy[i]]) & ~EMA_LOC_MOVING) != old[i];
+    }
+    free(copy);
+    return moved;
+}
+
+/* Steps 4 and 5 on a plan made under the lock still held. */
+static void policy_execute(ema_win_h win, policy_plan_t *p) EMA_REQUIRES(win->lock)
+{
+    EMA_WIN_ASSERT_LOCKED(win);
+    ema__win_ctx_t *ctx = win->ctx;
+    uint32_t n = p->nahead + p->nbehind;
+    ema__loc_t *loc = calloc(n ? n : 1, sizeof(*loc));
+    ema__loc_t *old = calloc(n ? n : 1, sizeof(*old));
+    int64_t *hdl    = calloc(n ? n : 1, sizeof(*hdl));
+    uint32_t got = 0;
+
+    if (loc == NULL || hdl == NULL || old == NULL) {
+        ema_error("out of memory running window %u's prefetch policy", win->id);
+        goto out;
+    }
+    got = ctx->mem_ops->acquire(ctx->mem_arg, p->nahead, -1, EMA_WIN_FROM_LOCAL, loc, hdl);
+    uint32_t out = policy_short(p, got);
+    if (out > 0) {
+        ema__loc_t *eloc = loc + p->nahead;
+        int64_t *ehdl    = hdl + p->nahead;
+        uint32_t e = ctx->mem_ops->acquire(ctx->mem_arg, out, ctx->rank,
+                                           EMA_WIN_FROM_PEERS | EMA_WIN_FROM_SPILL, eloc, ehdl);
+        if (e < out) {
+            ema_debug("window %u: policy found room for %u of %u segments to move out",
+                      win->id, e, out);
+        }
+        uint32_t moved = (e > 0) ? policy_move(win, p->behind, e, eloc, ehdl, old) : 0;
+        atomic_fetch_add(&win->policy_ctr[EMA_WIN_POLICY_CTR_EVICTED],
+                         (uint64_t)moved * ctx->seg_size);
+        if (moved > 0) {
+            /* what moved out freed local memory */
+            got += ctx->mem_ops->acquire(ctx->mem_arg, p->nahead - got, -1, EMA_WIN_FROM_LOCAL,
+                                         loc + got, hdl + got);
+        }
+    }
+    if (got > 0) {
+        uint32_t moved = policy_move(win, p->ahead, got, loc, hdl, old);
+        atomic_fetch_add(&win->policy_ctr[EMA_WIN_POLICY_CTR_PREFETCHED],
+                         (uint64_t)moved * ctx->seg_size);
+        ema_debug("window %u: policy brought %u of %u segments home", win->id, moved, got);
+    }
+out:
+    free(loc);
+    free(old);
+    free(hdl);
+}
+
+/* The job: a long job, so no EMA lock is held. */
+static void policy_job(void *arg)
+{
+    ema_win_h win       = arg;
+    ema__win_ctx_t *ctx = win->ctx;
+    policy_plan_t p;
+    memset(&p, 0, sizeof(p));
+
+    EMA_WIN_ASSERT_NONE_LOCKED(); /* a long job; the reclaim callback */
+    atomic_store(&win->policy_queued, 0); /* an advance from now on queues another run */
+    if (policy_yield(ctx)) {
+        atomic_fetch_add(&win->policy_ctr[EMA_WIN_POLICY_CTR_DEFERRED], 1);
+        goto done;
+    }
+    ema__win_lock(win);
+    ema__win_policy_t *pol = win->policy;
+    if (win->magic != EMA_WIN_MAGIC || pol == NULL) {
+        ema__win_unlock(win);
+        goto done;
+    }
+    atomic_fetch_add(&win->policy_ctr[EMA_WIN_POLICY_CTR_RUNS], 1);
+    uint64_t pw  = atomic_load(&win->policy_pos);
+    uint64_t pos = ((uint32_t)(pw >> 32) == pol->gen) ? (uint32_t)pw : 0;
+    uint32_t gen = pol->gen;
+    p.nsegs  = atomic_load(&win->parts[ctx->rank].nsegs);
+    p.groups = malloc(pol->count * sizeof(*p.groups));
+    p.mark   = calloc(p.nsegs ? p.nsegs : 1, 1);
+    p.ahead  = malloc((p.nsegs ? p.nsegs : 1) * sizeof(*p.ahead));
+    p.behind = malloc((p.nsegs ? p.nsegs : 1) * sizeof(*p.behind));
+    if (p.groups == NULL || p.mark == NULL || p.ahead == NULL || p.behind == NULL) {
+        ema__win_unlock(win);
+        ema_error("out of memory running window %u's prefetch policy", win->id);
+        goto done;
+    }
+    policy_plan(win, pol, pos, &p, 0);
+    ema_reclaim_cb cb = win->reclaim_cb;
+    void *cb_arg      = win->reclaim_arg;
+    uint32_t nfree    = ema__seg_pool_nfree(&ctx->tier[EMA_TIER_DEVICE]->pool);
+    uint32_t out      = policy_short(&p, nfree);
+    uint32_t in       = (p.nahead < nfree + out) ? p.nahead : nfree + out;
+    /* what may move is what the owner hears of, and no more */
+    for (uint32_t i = 0; i < in; i++) {
+        p.mark[p.ahead[i]] |= MARK_NOTIFIED;
+    }
+    for (uint32_t i = 0; i < out; i++) {
+        p.mark[p.behind[i]] |= MARK_NOTIFIED;
+    }
+    if (cb != NULL && in + out > 0) {
+        ema__win_unlock(win);
+        memcpy(p.ahead + in, p.behind, out * sizeof(*p.ahead)); /* one list to tell */
+        ema__win_notify(win, cb, cb_arg, p.ahead, in + out);
+        if (policy_yield(ctx)) {
+            atomic_fetch_add(&win->policy_ctr[EMA_WIN_POLICY_CTR_DEFERRED], 1);
+            goto done;
+        }
+        ema__win_lock(win);
+        pol = win->policy;
+        if (win->magic != EMA_WIN_MAGIC || pol == NULL || pol->gen != gen) {
+            ema__win_unlock(win); /* removed or replaced meanwhile: its own job runs */
+            goto done;
+        }
+        pw  = atomic_load(&win->policy_pos);
+        pos = ((uint32_t)(pw >> 32) == pol->gen) ? (uint32_t)pw : 0;
+        policy_plan(win, pol, pos, &p, 1);
+    } else {
+        p.nahead = in; /* moves only what was counted above */
+        p.nbehind = out;
+    }
+    atomic_fetch_add(&win->policy_ctr[EMA_WIN_POLICY_CTR_SKIPPED], p.nheld);
+    if (p.nahead > 0) {
+        policy_execute(win, &p);
+    }
+    ema__win_unlock(win);
+    if (p.nahead > 0) {
+        ctx->mem_ops->changed(ctx->mem_arg, EMA_WIN_CHANGED_MEMORY);
+    }
+done:
+    free(p.groups);
+    free(p.mark);
+    free(p.ahead);
+    free(p.behind);
+    atomic_fetch_sub(&win->prefetching, 1);
+}
+
+/* Queue @win's job unless one is queued and not started. */
+static void policy_queue(ema_win_h win)
+{
+    if (atomic_exchange(&win->policy_queued, 1) == 0) {
+        atomic_fetch_add(&win->prefetching, 1); /* ema_win_free waits for it */
+        ema__xport_defer_ref(win->ctx->xp, EMA_JOB_LONG, policy_job, win);
+    }
+}
+
+void ema__win_recall_begin(ema__win_ctx_t *ctx)
+{
+    atomic_fetch_add(&ctx->recalls, 1);
+}
+
+void ema__win_recall_end(ema__win_ctx_t *ctx)
+{
+    if (atomic_fetch_sub(&ctx->recalls, 1) != 1 ||
+        atomic_exchange(&ctx->policy_yielded, 0) == 0) {
+        return;
+    }
+    /* The windows are never freed before finalize: walk the list as
+     * ema__win_recall does, each window's lock in turn. */
+    pthread_mutex_lock(&ctx->lock);
+    ema_win_h win = ctx->wins;
+    pthread_mutex_unlock(&ctx->lock);
+    EMA_WIN_ASSERT_NONE_LOCKED();
+    for (; win != NULL; win = win->next) {
+        ema__win_lock(win);
+        if (win->magic == EMA_WIN_MAGIC && win->policy != NULL) {
+            policy_queue(win);
+        }
+        ema__win_unlock(win);
+    }
+}
+
+/* --- the public calls ------------------------------------------------------ */
+
+static int range_cmp(const void *a, const void *b)
+{
+    const ema_win_range_t *x = a, *y = b;
+    return (x->offset > y->offset) - (x->offset < y->offset);
+}
+
+/* @params against the own part of @size bytes: a policy (*pol_p) or,
+ * for a removal, NULL.  Nothing changes on error. */
+static ema_status_t policy_build(const ema_win_policy_params_t *params, size_t size,
+                                 ema__win_policy_t **pol_p)
+{
+    *pol_p = NULL;
+    if (params == NULL) {
+        return EMA_SUCCESS;
+    }
+    uint64_t fm = params->field_mask;
+    if ((fm & ~(uint64_t)EMA_WIN_POLICY_FIELDS) || !(fm & EMA_WIN_POLICY_PARAM_FIELD_RANGES)) {
+        return EMA_ERR_INVALID_PARAM; /* unknown bits, or no ranges to walk */
+    }
+    if (params->count == 0) {
+        return EMA_SUCCESS;
+    }
+    unsigned depth = (fm & EMA_WIN_POLICY_PARAM_FIELD_DEPTH) ? params->depth : 1;
+    unsigned flags = (fm & EMA_WIN_POLICY_PARAM_FIELD_FLAGS) ? params->flags : 0;
+    if (params->ranges == NULL || params->count >= UINT32_MAX || depth == 0 ||
+        depth > params->count || (flags & ~(unsigned)EMA_WIN_POLICY_FLAGS)) {
+        return EMA_ERR_INVALID_PARAM;
+    }
+    for (size_t i = 0; i < params->count; i++) {
+        const ema_win_range_t *r = &params->ranges[i];
+        if (r->length == 0) {
+            return EMA_ERR_INVALID_PARAM;
+        }
+        if (r->offset > size || r->length > size - r->offset) {
+            return EMA_ERR_RANGE;
+        }
+    }
+    ema__win_policy_t *pol = calloc(1, sizeof(*pol));
+    ema_win_range_t *sorted = malloc(params->count * sizeof(*sorted));
+    if (pol == NULL || sorted == NULL) {
+        free(pol);
+        free(sorted);
+        return EMA_ERR_NO_MEMORY;
+    }
+    memcpy(sorted, params->ranges, params->count * sizeof(*sorted));
+    qsort(sorted, params->count, sizeof(*sorted), range_cmp);
+    for (size_t i = 1; i < params->count; i++) {
+        if (sorted[i].offset < sorted[i - 1].offset + sorted[i - 1].length) {
+            free(pol);
+            free(sorted);
+            return EMA_ERR_INVALID_PARAM; /* groups overlap */
+        }
+    }
+    memcpy(sorted, params->ranges, params->count * sizeof(*sorted)); /* walk order */
+    pol->ranges = sorted;
+    pol->count  = (uint32_t)params->count;
+    pol->depth  = depth;
+    pol->flags  = flags;
+    *pol_p      = pol;
+    return EMA_SUCCESS;
+}
+
+static void policy_free(ema__win_policy_t *pol)
+{
+    if (pol != NULL) {
+        free(pol->ranges);
+        free(pol);
+    }
+}
+
+EMA_EXPORT ema_status_t ema_win_set_policy(ema_win_h win, const ema_win_policy_params_t *params)
+{
+    ema_status_t status = ema__win_check_live(win);
+    if (status != EMA_SUCCESS) {
+        return status;
+    }
+    ema__win_policy_t *pol;
+    status = policy_build(params, atomic_load(&win->parts[win->ctx->rank].size), &pol);
+    if (status != EMA_SUCCESS) {
+        return status;
+    }
+    EMA_WIN_ASSERT_UNLOCKED(win);
+    ema__win_lock(win);
+    ema__win_policy_t *old = win->policy;
+    uint32_t gen = (uint32_t)(atomic_load(&win->policy_gc) >> 32) + 1;
+    if (pol != NULL) {
+        pol->gen = gen;
+    }
+    win->policy = pol;
+    /* the position first: an advance that sees the new count writes the
+     * new generation's position */
+    atomic_store(&win->policy_pos, (uint64_t)gen << 32);
+    atomic_store(&win->policy_gc, ((uint64_t)gen << 32) | (pol ? pol->count : 0));
+    if (pol != NULL) {
+        policy_queue(win); /* groups 0..depth-1 come first */
+    }
+    ema__win_unlock(win);
+    policy_free(old);
+    return EMA_SUCCESS;
+}
+
+EMA_EXPORT ema_status_t ema_win_advance(ema_win_h win, size_t group)
+{
+    ema_status_t status = ema__win_check_live(win);
+    if (status != EMA_SUCCESS) {
+        return status;
+    }
+    uint64_t gc = atomic_load(&win->policy_gc);
+    if ((uint32_t)gc == 0) {
+        return EMA_ERR_STATE; /* no policy */
+    }
+    if (group >= (uint32_t)gc) {
+        return EMA_ERR_INVALID_PARAM;
+    }
+    atomic_store(&win->policy_pos, (gc & ~0xffffffffull) | (group + 1));
+    policy_queue(win);
+    return EMA_SUCCESS;
+}
+
+EMA_EXPORT ema_status_t ema_win_policy_stat(ema_win_h win, ema_win_policy_stat_t *stat_p)
+{
+    ema_status_t status = ema__win_check_live(win);
+    if (status != EMA_SUCCESS) {
+        return status;
+    }
+    if (stat_p == NULL) {
+        return EMA_ERR_INVALID_PARAM;
+    }
+    ema__win_ctx_t *ctx   = win->ctx;
+    ema__win_part_t *part = &win->parts[ctx->rank];
+    size_t seg = ctx->seg_size;
+    ema_win_policy_stat_t st;
+    uint32_t *groups = NULL;
+    memset(&st, 0, sizeof(st));
+    st.group = EMA_WIN_POLICY_NO_GROUP;
+
+    EMA_WIN_ASSERT_UNLOCKED(win);
+    ema__win_lock(win);
+    ema__win_policy_t *pol = win->policy;
+    if (pol != NULL && (groups = malloc(pol->count * sizeof(*groups))) == NULL) {
+        ema__win_unlock(win);
+        return EMA_ERR_NO_MEMORY;
+    }
+    if (pol != NULL) {
+        uint64_t pw  = atomic_load(&win->policy_pos);
+        uint64_t pos = ((uint32_t)(pw >> 32) == pol->gen) ? (uint32_t)pw : 0;
+        uint32_t ns  = atomic_load(&part->nsegs), first, last;
+        size_t size  = atomic_load(&part->size);
+        st.count = pol->count;
+        st.depth = pol->depth;
+        st.group = pos ? (size_t)(pos - 1) : EMA_WIN_POLICY_NO_GROUP;
+        uint32_t ng = policy_ahead(pol, pos, groups);
+        for (uint32_t k = 0; k < ng; k++) {
+            const ema_win_range_t *r = &pol->ranges[groups[k]];
+            size_t end = (r->offset + r->length < size) ? r->offset + r->length : size;
+            if (r->offset >= end || !policy_segs(r, seg, ns, &first, &last)) {
+                continue;
+            }
+            st.bytes_ahead += end - r->offset;
+            for (uint32_t i = first; i <= last; i++) {
+                size_t lo = (size_t)i * seg, hi = lo + seg;
+                lo = (lo > r->offset) ? lo : r->offset;
+                hi = (hi < end) ? hi : end;
+                if (hi > lo && loc_home(ctx, atomic_load(&part->loc[i]) & ~EMA_LOC_MOVING)) {
+                    st.bytes_ahead_local += hi - lo;
+                }
+            }
+        }
+    }
+    ema__win_unlock(win);
+    free(groups);
+    st.bytes_prefetched = atomic_load(&win->policy_ctr[EMA_WIN_POLICY_CTR_PREFETCHED]);
+    st.bytes_evicted    = atomic_load(&win->policy_ctr[EMA_WIN_POLICY_CTR_EVICTED]);
+    st.skipped_held     = atomic_load(&win->policy_ctr[EMA_WIN_POLICY_CTR_SKIPPED]);
+    st.deferred         = atomic_load(&win->policy_ctr[EMA_WIN_POLICY_CTR_DEFERRED]);
+    st.runs             = atomic_load(&win->policy_ctr[EMA_WIN_POLICY_CTR_RUNS]);
+    st.field_mask = EMA_WIN_POLICY_STAT_FIELD_COUNT | EMA_WIN_POLICY_STAT_FIELD_DEPTH |
+                    EMA_WIN_POLICY_STAT_FIELD_GROUP | EMA_WIN_POLICY_STAT_FIELD_BYTES_AHEAD |
+                    EMA_WIN_POLICY_STAT_FIELD_BYTES_AHEAD_LOCAL |
+                    EMA_WIN_POLICY_STAT_FIELD_BYTES_PREFETCHED |
+                    EMA_WIN_POLICY_STAT_FIELD_BYTES_EVICTED |
+                    EMA_WIN_POLICY_STAT_FIELD_SKIPPED_HELD | EMA_WIN_POLICY_STAT_FIELD_DEFERRED |
+                    EMA_WIN_POLICY_STAT_FIELD_RUNS;
+    memcpy(stat_p, &st, offsetof(ema_win_policy_stat_t, reserved));
+    return EMA_SUCCESS;
+}
+
+void ema__win_policy_drop(ema_win_h win)
+{
+    EMA_WIN_ASSERT_UNLOCKED(win);
+    ema__win_lock(win);
+    ema__win_policy_t *pol = win->policy;
+    win->policy = NULL;
+    atomic_store(&win->policy_gc, atomic_load(&win->policy_gc) & ~0xffffffffull);
+    ema__win_unlock(win);
+    policy_free(pol);
+}

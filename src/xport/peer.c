@@ -24,6 +24,7 @@
 #include "xport.h"
 
 #include "util/clock.h"
+#include "util/state.h"
 
 #include <errno.h>
 #include <poll.h>
@@ -57,7 +58,11 @@ void ema__xport_mark_lost(ema__xport_t *xp, int peer, const char *why)
         return;
     }
     atomic_fetch_add(&xp->nlost, 1);
-    ema_warn("rank %d is lost (%s): calls that need it return EMA_ERR_PEER_LOST", peer, why);
+    if (atomic_load(&ema__state) == EMA_STATE_READY) {
+        ema_warn("rank %d is lost (%s): calls that need it return EMA_ERR_PEER_LOST", peer, why);
+    } else { /* ema_finalize: a peer that finished first */
+        ema_debug("rank %d is gone (%s)", peer, why);
+    }
     ema_lost_job_t *j = malloc(sizeof(*j));
     if (j == NULL) {
         return; /* the byte is set: waits end; the hooks' cleanup is lost */
@@ -84,6 +89,7 @@ void ema__xport_peers_init(ema__xport_t *xp)
     atomic_init(&xp->nlost, 0);
     atomic_init(&xp->next_check_us, 0);
     xp->nlost_hooks = 0;
+    xp->closing     = 0;
     for (int r = 0; xp->pidfd != NULL && r < xp->size; r++) {
         xp->pidfd[r] = -1;
     }

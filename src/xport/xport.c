@@ -184,7 +184,7 @@ static void ema_xport_ep_error(void *arg, ucp_ep_h ep, ucs_status_t status)
     ema__xport_t *xp = ema__xport_am_self[EMA_AM_COLL];
     int peer = (int)(intptr_t)arg;
     (void)ep;
-    if (xp != NULL) {
+    if (xp != NULL && !xp->closing) {
         ema__xport_mark_lost(xp, peer, ucs_status_string(status));
     }
 }
@@ -224,6 +224,7 @@ void ema__xport_destroy(ema__xport_t *xp)
     if (xp->context == NULL) {
         return;
     }
+    xp->closing = 1; /* peers that finished first are not lost */
     for (int r = 0; xp->eps != NULL && r < xp->size; r++) {
         if (xp->eps[r] == NULL) {
             continue;

@@ -153,6 +153,7 @@ typedef struct ema__xport {
     int32_t         *pid;            /* [size] the peers' processes (one node) */
     int             *pidfd;          /* [size] pidfd_open of each, -1: none */
     _Atomic uint64_t next_check_us;  /* when the pids are polled next */
+    int              closing;        /* ema__xport_destroy: endpoint errors are expected */
     unsigned         nlost_hooks;
     struct {
         ema__lost_cb cb;

@@ -20,6 +20,11 @@ const ema_config_field_t ema__xport_config_table[] = {
     {"UCX_WAKEUP", "y",
      "let idle progress threads sleep on UCX's event fd instead of spinning",
      EMA_XPORT_CFG(wakeup), &ema__config_bool},
+    {"UCX_PEER_ERRORS", "n",
+     "create UCX endpoints with UCP_ERR_HANDLING_MODE_PEER, so UCX itself fails requests to a "
+     "dead peer; UCX 1.13 then has no shared-memory transport (sysv, posix, cma) and uses "
+     "tcp over loopback. Without it a dead peer is found by its process id",
+     EMA_XPORT_CFG(peer_errors), &ema__config_bool},
     {"PEER_TIMEOUT", "0",
      "seconds a peer may leave a request unanswered (a borrow, an invalidation, a table, "
      "an atomic, a flush) before it counts as lost, as if it had died (0: no limit; a dead "
@@ -198,7 +203,7 @@ ema_status_t ema__xport_connect(ema__xport_t *xp, void *const *addrs)
         memset(&ep_params, 0, sizeof(ep_params));
         ep_params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS;
         ep_params.address    = (const ucp_address_t *)addrs[r];
-        if (r != xp->rank) {
+        if (r != xp->rank && xp->cfg.peer_errors) {
             /* a peer's death fails its requests instead of hanging them */
             ep_params.field_mask |= UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
                                     UCP_EP_PARAM_FIELD_ERR_HANDLER;

@@ -39,6 +39,7 @@ typedef void (*ema__defer_cb)(void *arg);
 
 typedef struct ema__xport_config {
     int      wakeup;        /* use UCX wakeup (event fd) so idle threads sleep */
+    int      peer_errors;   /* EMA_UCX_PEER_ERRORS: endpoints in UCX's peer error mode */
     double   peer_timeout;  /* EMA_PEER_TIMEOUT: seconds a peer may leave a request
                                unanswered before it counts as lost (0: no limit) */
 } ema__xport_config_t;

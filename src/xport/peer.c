@@ -46,6 +46,7 @@ static void ema_xport_lost_job(void *arg)
     for (unsigned i = 0; i < j->xp->nlost_hooks; i++) {
         j->xp->lost_hook[i].cb(j->xp->lost_hook[i].arg, j->peer);
     }
+    free(j); /* a job frees its argument (ema__xport_destroy does, if it never ran) */
 }
 
 void ema__xport_mark_lost(ema__xport_t *xp, int peer, const char *why)

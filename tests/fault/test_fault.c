@@ -262,7 +262,9 @@ int main(int argc, char **argv)
         }
         CHECK(ms.bytes_lent == 0, "%zu bytes still lent to the dead rank", ms.bytes_lent);
     }
-    /* the own part still takes writes */
+    /* the own part still takes writes (the byte it holds: the other
+     * survivor may be reading it) */
+    c = pattern(rank, 0);
     CHECK(ema_put(win, rank, 0, &c, 1) == EMA_SUCCESS, "put to the own part");
     /* No barrier any more: wait for the other survivor's checks through
      * files, so that neither exits (and takes its memory) under the other. */

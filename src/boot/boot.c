@@ -4,6 +4,7 @@
 #include "util/log.h"
 
 #include <pmix.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -22,6 +23,12 @@ static pmix_proc_t ema_boot_proc;
  * again on every failed try broke later fences: after some tens of cycles
  * a valid ema_init failed with a bootstrap, timeout or transport error. */
 static int ema_boot_pmix_up;
+
+/* The launcher's word on lost processes (ema__boot_watch). */
+static void (*_Atomic ema_boot_lost_cb)(void *arg, int rank);
+static void *ema_boot_lost_arg;
+static size_t ema_boot_evh;
+static int ema_boot_evh_on;
 
 /* A launcher that serves PMIx leaves these in the environment. */
 static int boot_launched(void)
@@ -134,6 +141,65 @@ ema_status_t ema__boot_init(ema__boot_t *boot)
     }
     ema_debug("PMIx rank %d of %d in %s", boot->rank, boot->size, boot->nspace);
     return EMA_SUCCESS;
+}
+
+/* A PMIx event about a process: the one affected (PMIX_EVENT_AFFECTED_PROC),
+ * else the source, when it is of this job. */
+static void boot_event(size_t id, pmix_status_t status, const pmix_proc_t *source,
+                       pmix_info_t info[], size_t ninfo, pmix_info_t *results, size_t nresults,
+                       pmix_event_notification_cbfunc_fn_t cbfunc, void *cbdata)
+{
+    const pmix_proc_t *proc = source;
+    void (*cb)(void *, int) = atomic_load(&ema_boot_lost_cb);
+    (void)id;
+    (void)results;
+    (void)nresults;
+    for (size_t i = 0; i < ninfo; i++) {
+        if (PMIX_CHECK_KEY(&info[i], PMIX_EVENT_AFFECTED_PROC) &&
+            info[i].value.type == PMIX_PROC && info[i].value.data.proc != NULL) {
+            proc = info[i].value.data.proc;
+        }
+    }
+    ema_debug("PMIx event %s about %s.%u", PMIx_Error_string(status),
+              proc ? proc->nspace : "?", proc ? (unsigned)proc->rank : 0u);
+    if (cb != NULL && proc != NULL && PMIX_CHECK_NSPACE(proc->nspace, ema_boot_proc.nspace) &&
+        proc->rank != PMIX_RANK_WILDCARD && proc->rank != ema_boot_proc.rank) {
+        cb(ema_boot_lost_arg, (int)proc->rank);
+    }
+    if (cbfunc != NULL) {
+        cbfunc(PMIX_EVENT_ACTION_COMPLETE, NULL, 0, NULL, NULL, cbdata);
+    }
+}
+
+void ema__boot_watch(ema__boot_t *boot, void (*cb)(void *arg, int rank), void *arg)
+{
+    pmix_status_t codes[] = {PMIX_ERR_PROC_ABORTED, PMIX_ERR_PROC_ABORTING,
+                             PMIX_EVENT_PROC_TERMINATED};
+    if (boot->singleton || !ema_boot_pmix_up || ema_boot_evh_on) {
+        return;
+    }
+    ema_boot_lost_arg = arg;
+    atomic_store(&ema_boot_lost_cb, cb);
+    /* blocking form (no callback): the handler's reference, or an error */
+    pmix_status_t rc = PMIx_Register_event_handler(codes, sizeof(codes) / sizeof(codes[0]),
+                                                   NULL, 0, boot_event, NULL, NULL);
+    if (rc < 0) {
+        ema_debug("PMIx_Register_event_handler: %s; lost ranks are found by their pids only",
+                  PMIx_Error_string(rc));
+        return;
+    }
+    ema_boot_evh    = (size_t)rc;
+    ema_boot_evh_on = 1;
+}
+
+void ema__boot_unwatch(ema__boot_t *boot)
+{
+    (void)boot;
+    atomic_store(&ema_boot_lost_cb, NULL);
+    if (ema_boot_evh_on && ema_boot_pmix_up) {
+        PMIx_Deregister_event_handler(ema_boot_evh, NULL, NULL);
+    }
+    ema_boot_evh_on = 0;
 }
 
 void ema__boot_finalize(ema__boot_t *boot)

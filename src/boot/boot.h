@@ -32,6 +32,11 @@ ema_status_t ema__boot_init(ema__boot_t *boot);
  * try (PMIx is taken down by ema__boot_finalize, at ema_finalize). */
 void         ema__boot_abandon(ema__boot_t *boot);
 void         ema__boot_finalize(ema__boot_t *boot);
+/* Call @cb(@arg, rank) (from PMIx's thread) when the launcher reports a
+ * process of this job aborted or terminated; unwatch before @arg goes.
+ * Open MPI 4.1's mpirun sends none to a PMIx 4 client (see ema(7)). */
+void         ema__boot_watch(ema__boot_t *boot, void (*cb)(void *arg, int rank), void *arg);
+void         ema__boot_unwatch(ema__boot_t *boot);
 
 /*
  * All-to-all exchange of one blob per rank through the PMIx key-value store

@@ -219,8 +219,13 @@ static uint32_t ema_pool_borrow_from(ema__pool_t *pool, int lender, uint32_t wan
     if (m.token == 0) {
         return 0;
     }
-    if (ema__pool_send(pool, lender, &m, NULL, 0) == EMA_SUCCESS) {
-        ema__xport_wait_flag(pool->xp, EMA_WAIT_QUICK, &w.done, 1);
+    if (ema__pool_send(pool, lender, &m, NULL, 0) == EMA_SUCCESS &&
+        ema__xport_wait_flag_peer(pool->xp, EMA_WAIT_QUICK, lender, &w.done, 1) !=
+            EMA_SUCCESS) {
+        /* the lender died asking: nothing borrowed (a grant it sent is
+         * dropped with its waiter) */
+        ema__xport_waiter_del(pool->xp, m.token);
+        return 0;
     }
     ema__xport_waiter_del(pool->xp, m.token);
     return w.count;
@@ -230,6 +235,10 @@ static void ema_pool_giveback(ema__pool_t *pool, int lender, uint32_t count, con
 {
     for (uint32_t i = 0; i < count && ema__log_level >= EMA_LOG_TRACE; i++) {
         ema_trace("giving back segment %u to rank %d", segs[i], lender);
+    }
+    if (ema__xport_peer_lost(pool->xp, lender)) {
+        ema_debug("%u segments of lost rank %d dropped, not given back", count, lender);
+        return;
     }
     ema_pool_msg_t m;
     memset(&m, 0, sizeof(m));
@@ -331,6 +340,9 @@ peers:
     }
     int npeers = ema_pool_order(pool, exclude, order);
     for (int i = 0; i < npeers && got < want; i++) {
+        if (ema__xport_peer_lost(pool->xp, order[i])) {
+            continue;
+        }
         n = ema_pool_borrow_from(pool, order[i], want - got, segs, handles + got);
         for (uint32_t k = 0; k < n; k++) {
             locs[got + k] = EMA_LOC(order[i], EMA_TIER_DEVICE, segs[k]);

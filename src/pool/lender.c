@@ -271,3 +271,31 @@ ema_status_t ema__pool_reclaim(ema__pool_t *pool, uint32_t target, uint64_t time
     return status;
 }
 
+
+/* Rank @peer is lost (xport/peer.c, a quick job): what this rank lent it
+ * comes back, as if given back (a reclaim waiting for it completes), and
+ * the peers hear of the lendable memory. */
+void ema__pool_peer_lost(void *arg, int peer)
+{
+    ema__pool_t *pool = arg;
+    uint32_t nsegs = pool->arena->pool.nsegs, n = 0;
+    uint32_t *segs = malloc(sizeof(uint32_t) * (nsegs ? nsegs : 1));
+
+    if (segs == NULL) {
+        ema_error("out of memory taking back what rank %d borrowed", peer);
+        return;
+    }
+    pthread_mutex_lock(&pool->lock);
+    for (uint32_t s = 0; s < nsegs; s++) {
+        if (pool->lent_to[s] == peer) {
+            segs[n++] = s;
+        }
+    }
+    pthread_mutex_unlock(&pool->lock);
+    if (n > 0) {
+        ema_info("rank %d is lost: %u segments lent to it are back", peer, n);
+        ema__pool_take_back(pool, peer, n, segs);
+        ema__pool_advertise(pool);
+    }
+    free(segs);
+}

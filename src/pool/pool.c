@@ -36,7 +36,8 @@ void ema__pool_advertise(ema__pool_t *pool)
         m.type = EMA_POOL_MSG_ADVERT;
         m.left = left;
         for (int r = 0; r < pool->size; r++) {
-            if (r != pool->rank && ema__pool_send(pool, r, &m, NULL, 0) != EMA_SUCCESS) {
+            if (r != pool->rank && !ema__xport_peer_lost(pool->xp, r) &&
+                ema__pool_send(pool, r, &m, NULL, 0) != EMA_SUCCESS) {
                 ema_debug("cannot tell rank %d of %" PRIu64 " lendable segments", r, left);
             }
         }
@@ -149,6 +150,7 @@ ema_status_t ema__pool_init(ema__pool_t *pool, ema__win_ctx_t *win, ema__mem_are
     atomic_init(&pool->recall_pending, 0);
     atomic_init(&pool->recall_refused, 0);
     ema__xport_set_am_handler(pool->xp, EMA_AM_POOL, ema__pool_dispatch, pool);
+    ema__xport_on_lost(pool->xp, ema__pool_peer_lost, pool);
     win->mem_ops = &ema__pool_mem_ops;
     win->mem_arg = pool;
     ema__pool_world = pool;

@@ -77,6 +77,8 @@ ema_status_t ema__pool_send(ema__pool_t *pool, int peer, const ema_pool_msg_t *m
  * and dropped.  Also the entry point of the unit tests' loopback. */
 void         ema__pool_dispatch(void *arg, int src, const void *data, size_t len);
 void         ema__pool_advertise_job(void *arg);
+/* A rank is lost: take back what was lent to it (an ema__lost_cb). */
+void         ema__pool_peer_lost(void *arg, int peer);
 
 /* lender.c */
 /* Lendable now: free segments beyond the reserve and the withheld ones.

@@ -37,6 +37,7 @@ const ema_config_field_t ema__progress_config_table[] = {
 
 unsigned ema__progress_once(ema__progress_t *pg)
 {
+    ema__xport_peers_check(pg->xp); /* a dead peer, noticed while nobody waits */
     unsigned n = ema__xport_progress(pg->xp);
     n += (unsigned)ema__xport_run_deferred(pg->xp, EMA_WAIT_LONG);
     return n;
@@ -72,6 +73,7 @@ static unsigned ema_progress_thread_once(ema__progress_t *pg)
      * wait (operations that complete in place) progresses nothing, and
      * peers' control messages must not wait for its next wait. */
     if (pg->held && now - pg->progressed < EMA_PROGRESS_FORCE_US) {
+        ema__xport_peers_check(xp);
         return (unsigned)ema__xport_run_deferred(xp, EMA_WAIT_LONG);
     }
     pg->progressed = now;

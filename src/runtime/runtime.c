@@ -253,6 +253,12 @@ static int runtime_gpu_shared(const ema__world_t *w)
 }
 
 /* The modex blob: [u32 address length][UCX worker address][win layer blob]. */
+/* The launcher reports a lost process (PMIx's thread). */
+static void runtime_peer_lost(void *arg, int rank)
+{
+    ema__xport_mark_lost(arg, rank, "the launcher reports it gone");
+}
+
 static ema_status_t runtime_modex(ema__world_t *w)
 {
     void *wblob = NULL, **blobs = NULL, **addrs = NULL, **wblobs = NULL;
@@ -307,6 +313,13 @@ static ema_status_t runtime_modex(ema__world_t *w)
     }
     if (status == EMA_SUCCESS) {
         status = ema__win_ctx_connect(&w->win, wblobs, wlens);
+    }
+    if (status == EMA_SUCCESS) {
+        /* a peer's death, from its pid (one node) or the launcher */
+        for (int r = 0; r < w->boot.size; r++) {
+            ema__xport_peers_watch(&w->xp, r, w->win.exports[EMA_TIER_DEVICE][r].pid);
+        }
+        ema__boot_watch(&w->boot, runtime_peer_lost, &w->xp);
     }
 out:
     free(addrs);
@@ -473,6 +486,7 @@ err_arena:
 err_topo:
     runtime_topo_cleanup(w);
 err_boot:
+    ema__boot_unwatch(&w->boot);
     ema__boot_abandon(&w->boot);
 err_state:
     atomic_store(&ema__state, EMA_STATE_NONE);
@@ -512,6 +526,7 @@ EMA_EXPORT ema_status_t ema_finalize(void)
     atomic_store(&ema__state, EMA_STATE_FINALIZED);
     ema__win_world = NULL;
     ema__progress_stop(&w->progress);
+    ema__boot_unwatch(&w->boot);
     ema__pool_cleanup(&w->pool);
     ema__win_ctx_cleanup(&w->win);
     ema__xport_destroy(&w->xp);

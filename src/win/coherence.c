@@ -214,11 +214,11 @@ ema_status_t ema__win_amo(ema__win_ctx_t *ctx, int holder, int tier, uint64_t ra
         return status;
     }
     ema_win_in_amo++;
-    ema__xport_wait_flag(ctx->xp, EMA_WAIT_QUICK, &w.done, 1);
+    status = ema__xport_wait_flag_peer(ctx->xp, EMA_WAIT_QUICK, holder, &w.done, 1);
     ema_win_in_amo--;
     ema__xport_waiter_del(ctx->xp, m.token);
     *old = w.value;
-    return (ema_status_t)w.status;
+    return (status == EMA_SUCCESS) ? (ema_status_t)w.status : status;
 }
 
 /* An invalidation's run [first, first+count) fits @win's table of @part
@@ -431,6 +431,34 @@ void ema__win_coherence_init(ema__win_ctx_t *ctx)
     ema__xport_set_am_handler(ctx->xp, EMA_AM_WIN, ema_win_am, ctx);
 }
 
+/* An invalidation round is over: every peer acknowledged, or is lost (a
+ * lost rank reads nothing any more, so the move need not wait for it). */
+typedef struct {
+    ema__win_ctx_t    *ctx;
+    ema__win_waiter_t *w;
+    int                sent;
+} ema_win_acks_t;
+
+static int ema_win_acks_in(void *arg)
+{
+    ema_win_acks_t *a = arg;
+    ema__xport_t *xp  = a->ctx->xp;
+    int in = 1;
+
+    if (atomic_load(&a->w->done) >= a->sent) {
+        return 1;
+    }
+    if (atomic_load(&xp->nlost) == 0) {
+        return 0;
+    }
+    pthread_mutex_lock(&xp->waiters.lock); /* the replies count under it */
+    for (int r = 0; r < a->ctx->size && in; r++) {
+        in = r == a->ctx->rank || ema__xport_peer_lost(xp, r) || a->w->acked[r] >= a->w->per_peer;
+    }
+    pthread_mutex_unlock(&xp->waiters.lock);
+    return in;
+}
+
 ema_status_t ema__win_invalidate_runs(ema_win_h win, const uint32_t *first,
                                      const uint32_t *count, uint32_t nruns)
 {
@@ -461,11 +489,14 @@ ema_status_t ema__win_invalidate_runs(ema_win_h win, const uint32_t *first,
         m.first = first[k];
         m.count = count[k];
         for (int r = 0; r < ctx->size && status == EMA_SUCCESS; r++) {
-            if (r == ctx->rank) {
+            if (r == ctx->rank || ema__xport_peer_lost(ctx->xp, r)) {
                 continue;
             }
             status = ema_win_send(ctx, r, &m, NULL, 0);
             sent += (status == EMA_SUCCESS);
+            if (status == EMA_ERR_PEER_LOST) {
+                status = EMA_SUCCESS; /* it died meanwhile: it owes nothing */
+            }
         }
     }
     for (uint32_t k = 0; k < nruns; k++) {
@@ -475,7 +506,9 @@ ema_status_t ema__win_invalidate_runs(ema_win_h win, const uint32_t *first,
         }
     }
     ema_status_t st = ema__win_inval_local(ctx, win, ctx->rank, 0, 0); /* drain and flush */
-    ema__xport_wait_flag(ctx->xp, EMA_WAIT_QUICK, &w.done, sent);
+    ema_win_acks_t acks = {ctx, &w, sent};
+    ema_status_t wst = ema__xport_wait_until(ctx->xp, EMA_WAIT_QUICK, 0, ema_win_acks_in, &acks);
+    st = (st == EMA_SUCCESS) ? wst : st;
     ema__xport_waiter_del(ctx->xp, m.token);
     free(w.acked);
     return (status == EMA_SUCCESS) ? st : status;
@@ -509,8 +542,9 @@ ema_status_t ema__win_publish(ema_win_h win, uint32_t first, uint32_t count)
         return EMA_ERR_NO_MEMORY;
     }
     for (int r = 0; r < ctx->size; r++) {
-        if (r != ctx->rank) {
+        if (r != ctx->rank && !ema__xport_peer_lost(ctx->xp, r)) {
             ema_status_t st = ema_win_send(ctx, r, &m, locs, count);
+            st     = (st == EMA_ERR_PEER_LOST) ? EMA_SUCCESS : st; /* died meanwhile */
             status = (status == EMA_SUCCESS) ? st : status;
         }
     }
@@ -542,7 +576,7 @@ ema_status_t ema__win_fetch(ema_win_h win, int part)
     }
     ema_status_t status = ema_win_send(ctx, part, &m, NULL, 0);
     if (status == EMA_SUCCESS) {
-        ema__xport_wait_flag(ctx->xp, EMA_WAIT_QUICK, &w.done, 1);
+        status = ema__xport_wait_flag_peer(ctx->xp, EMA_WAIT_QUICK, part, &w.done, 1);
     }
     ema__xport_waiter_del(ctx->xp, m.token);
     return status;

@@ -257,10 +257,10 @@ ema_status_t ema__win_rma_cdirect(ema_win_h win, ema_op_t op, int rank, size_t o
     while (len > 0 && status == EMA_SUCCESS) {
         ep = rma_in(ctx);
         size_t n = rma_run(win, part, offset, len, &trank, &tier, &raddr);
-        if (n == 0 || n == SIZE_MAX) {
+        if (n == 0 || n == SIZE_MAX || n == EMA_RUN_LOST) {
             rma_leave(ctx, ep);
-            if (n == SIZE_MAX) {
-                status = EMA_ERR_RANGE;
+            if (n != 0) {
+                status = (n == EMA_RUN_LOST) ? EMA_ERR_PEER_LOST : EMA_ERR_RANGE;
                 break;
             }
             status = rma_cdirect_drain(ctx, dev, held);
@@ -308,7 +308,8 @@ static double cpath_probe_ucx(ema__win_ctx_t *ctx, int peer, int get, void *loca
                                                 &param)
                                   : ucp_put_nbx(ctx->xp->eps[peer], local, len, raddr, rkey,
                                                 &param);
-        if (ema__xport_wait(ctx->xp, sp, get ? "ucp_get_nbx" : "ucp_put_nbx") != EMA_SUCCESS ||
+        if (ema__xport_wait_req(ctx->xp, sp, peer, get ? "ucp_get_nbx" : "ucp_put_nbx") !=
+                EMA_SUCCESS ||
             ema__xport_flush_ep(ctx->xp, peer) != EMA_SUCCESS) {
             return 0;
         }

@@ -28,6 +28,9 @@ static inline ema_status_t rma_check(ema_win_h win, int rank, size_t offset, con
     if (buf == NULL && len > 0) {
         return EMA_ERR_INVALID_PARAM;
     }
+    if (ema__xport_peer_lost(win->ctx->xp, rank)) {
+        return EMA_ERR_PEER_LOST; /* its part went with it */
+    }
     size_t psize = atomic_load_explicit(&win->parts[rank].size, memory_order_acquire);
     if (offset > psize || len > psize - offset) {
         /* The part may have grown since we cached it: ask its owner once. */
@@ -91,8 +94,15 @@ static inline ucs_status_ptr_t rma_issue(ema__win_ctx_t *ctx, ema_op_t op, int r
  * Resolve the run at @offset with ctx->inflight raised, waiting while its
  * segment moves.  Returns the run's length, the caller then issues the
  * operation and drops inflight; or 0, inflight dropped, if the range has
- * left the part (a shrink raced the operation).
+ * left the part (a shrink raced the operation), or is lost (*@rank_p -1:
+ * see rma_fail).
  */
+/* Why rma_enter found no run: the range is lost with a rank, or gone. */
+static inline ema_status_t rma_fail(int trank)
+{
+    return (trank < 0) ? EMA_ERR_PEER_LOST : EMA_ERR_RANGE;
+}
+
 static inline size_t rma_enter(ema_win_h win, ema__win_part_t *part, size_t offset,
                                size_t len, int *rank_p, int *tier_p, uint64_t *raddr_p,
                                int *ep_p)
@@ -104,8 +114,9 @@ static inline size_t rma_enter(ema_win_h win, ema__win_part_t *part, size_t offs
     while ((n = rma_run(win, part, offset, len, rank_p, tier_p, raddr_p)) == 0) {
         ep = rma_wait_moving(ctx, ep);
     }
-    if (n == SIZE_MAX) {
+    if (n == SIZE_MAX || n == EMA_RUN_LOST) {
         rma_leave(ctx, ep);
+        *rank_p = (n == EMA_RUN_LOST) ? -1 : 0;
         return 0;
     }
     *ep_p = ep;
@@ -132,7 +143,7 @@ static ema_status_t rma_direct(ema_win_h win, ema_op_t op, int rank, size_t offs
         /* inflight covers the copy: a migration waits for it to finish */
         n = rma_enter(win, part, offset, len, &trank, &tier, &raddr, &ep);
         if (n == 0) {
-            return EMA_ERR_RANGE;
+            return rma_fail(trank);
         }
         char *p = rma_local(ctx, trank, tier, raddr);
         if (op == EMA_OP_PUT) {
@@ -162,6 +173,7 @@ static ema_status_t rma_blocking(ema_win_h win, ema_op_t op, int rank, size_t of
     ema__win_part_t *part = &win->parts[rank];
     ucp_request_param_t param;
     ucs_status_ptr_t reqs[16];
+    int rpeer[16]; /* the rank each request went to */
     ema_status_t status = EMA_SUCCESS, st;
     int nreqs = 0, trank, tier, ep;
     uint64_t raddr;
@@ -178,7 +190,7 @@ static ema_status_t rma_blocking(ema_win_h win, ema_op_t op, int rank, size_t of
     while (len > 0) {
         size_t n = rma_enter(win, part, offset, len, &trank, &tier, &raddr, &ep);
         if (n == 0) {
-            status = EMA_ERR_RANGE;
+            status = rma_fail(trank);
             break;
         }
         ucs_status_ptr_t sp = rma_issue(ctx, op, trank, tier, buf, n, raddr, &param);
@@ -190,16 +202,19 @@ static ema_status_t rma_blocking(ema_win_h win, ema_op_t op, int rank, size_t of
             rma_leave(ctx, ep); /* complete when it returns */
         }
         if (UCS_PTR_IS_ERR(sp)) {
-            st = ema__xport_wait(ctx->xp, sp, op == EMA_OP_PUT ? "ucp_put_nbx" : "ucp_get_nbx");
+            st = ema__xport_wait_req(ctx->xp, sp, trank,
+                                     op == EMA_OP_PUT ? "ucp_put_nbx" : "ucp_get_nbx");
             status = (status == EMA_SUCCESS) ? st : status;
             break;
         }
         if (sp != NULL) {
             if (nreqs == (int)(sizeof(reqs) / sizeof(reqs[0]))) {
-                st     = ema__xport_wait(ctx->xp, reqs[0], "ucp rma");
+                st     = ema__xport_wait_req(ctx->xp, reqs[0], rpeer[0], "ucp rma");
                 status = (status == EMA_SUCCESS) ? st : status;
                 memmove(reqs, reqs + 1, sizeof(reqs[0]) * (size_t)(--nreqs));
+                memmove(rpeer, rpeer + 1, sizeof(rpeer[0]) * (size_t)nreqs);
             }
+            rpeer[nreqs]  = trank;
             reqs[nreqs++] = sp;
         }
         buf = (char *)buf + n;
@@ -214,15 +229,17 @@ static ema_status_t rma_blocking(ema_win_h win, ema_op_t op, int rank, size_t of
         fl_count            = atomic_load(&ctx->issued[fl_rank]);
         ucs_status_ptr_t sp = ucp_ep_flush_nbx(ctx->xp->eps[fl_rank], &param);
         if (UCS_PTR_IS_ERR(sp) || nreqs == (int)(sizeof(reqs) / sizeof(reqs[0]))) {
-            st     = ema__xport_wait(ctx->xp, sp, "ucp_ep_flush_nbx");
+            st     = ema__xport_wait_req(ctx->xp, sp, fl_rank, "ucp_ep_flush_nbx");
             status = (status == EMA_SUCCESS) ? st : status;
         } else if (sp != NULL) {
+            rpeer[nreqs]  = fl_rank;
             reqs[nreqs++] = sp;
         }
     }
     for (int i = 0; i < nreqs; i++) {
-        st     = ema__xport_wait(ctx->xp, reqs[i],
-                                 op == EMA_OP_PUT ? "ucp_put_nbx or its flush" : "ucp_get_nbx");
+        st     = ema__xport_wait_req(ctx->xp, reqs[i], rpeer[i],
+                                     op == EMA_OP_PUT ? "ucp_put_nbx or its flush"
+                                                      : "ucp_get_nbx");
         status = (status == EMA_SUCCESS) ? st : status;
     }
     if (fl_ok && status == EMA_SUCCESS) {
@@ -259,7 +276,7 @@ static ema_status_t rma_nb(ema_win_h win, ema_op_t op, int rank, size_t offset, 
     }
     n = rma_enter(win, part, offset, len, &trank, &tier, &raddr, &ep);
     if (n == 0) {
-        return EMA_ERR_RANGE;
+        return rma_fail(trank);
     }
     if (n == len) {
         /* one run: the UCX request is the handle */
@@ -272,7 +289,8 @@ static ema_status_t rma_nb(ema_win_h win, ema_op_t op, int rank, size_t offset, 
             return EMA_SUCCESS;
         }
         if (UCS_PTR_IS_ERR(sp)) {
-            return ema__xport_wait(ctx->xp, sp, op == EMA_OP_PUT ? "ucp_put_nbx" : "ucp_get_nbx");
+            return ema__xport_wait_req(ctx->xp, sp, trank,
+                                       op == EMA_OP_PUT ? "ucp_put_nbx" : "ucp_get_nbx");
         }
         struct ema_request *req = sp;
         req->magic = EMA_REQ_MAGIC_UCX;
@@ -297,7 +315,7 @@ static ema_status_t rma_nb(ema_win_h win, ema_op_t op, int rank, size_t offset, 
         n = rma_enter(win, part, offset, len, &trank, &tier, &raddr, &ep);
         if (n == 0) {
             int expected = EMA_SUCCESS;
-            atomic_compare_exchange_strong(&agg->status, &expected, EMA_ERR_RANGE);
+            atomic_compare_exchange_strong(&agg->status, &expected, rma_fail(trank));
             break;
         }
         atomic_fetch_add(&agg->pending, 1);
@@ -470,7 +488,10 @@ EMA_EXPORT ema_status_t ema_win_flush(ema_win_h win, int rank)
     }
     if (win->ctx->direct) {
         atomic_thread_fence(memory_order_seq_cst); /* copies are complete */
-        return EMA_SUCCESS;
+        return ema__xport_peer_lost(win->ctx->xp, rank) ? EMA_ERR_PEER_LOST : EMA_SUCCESS;
+    }
+    if (ema__xport_peer_lost(win->ctx->xp, rank)) {
+        return EMA_ERR_PEER_LOST;
     }
     /* Flush the endpoint of every rank holding a segment of the part; the
      * common case is one rank, the owner.  Large worlds flush the worker. */
@@ -541,7 +562,7 @@ static ema_status_t rma_atomic(ema_win_h win, int rank, size_t offset, ucp_atomi
     uint64_t raddr;
     if (rma_enter(win, &win->parts[rank], offset, sizeof(uint64_t), &trank, &tier,
                   &raddr, &ep) == 0) {
-        return EMA_ERR_RANGE;
+        return rma_fail(trank);
     }
 
     if (ctx->direct) {
@@ -577,7 +598,7 @@ static ema_status_t rma_atomic(ema_win_h win, int rank, size_t offset, ucp_atomi
                                             ema__xport_mr_rkey(&ctx->mr[tier], trank, raddr),
                                             &param);
     rma_leave(ctx, ep);
-    return ema__xport_wait(ctx->xp, sp, "ucp_atomic_op_nbx");
+    return ema__xport_wait_req(ctx->xp, sp, trank, "ucp_atomic_op_nbx");
 }
 
 EMA_EXPORT ema_status_t ema_fetch_add(ema_win_h win, int rank, size_t offset, uint64_t value,

@@ -16,6 +16,10 @@ typedef enum { EMA_OP_PUT, EMA_OP_GET } ema_op_t;
  * Returns 0 if the segment is moving; the caller waits and retries.  Must be
  * called with ctx->inflight raised (see ema__win_inval_local).
  */
+/* rma_run's answer for a range whose memory, or whose part's owner, is on
+ * a lost rank (xport/peer.c): every access fails with EMA_ERR_PEER_LOST. */
+#define EMA_RUN_LOST (SIZE_MAX - 1)
+
 static inline size_t rma_run(ema_win_h win, const ema__win_part_t *part, size_t offset,
                              size_t len, int *rank_p, int *tier_p, uint64_t *raddr_p)
 {
@@ -27,9 +31,16 @@ static inline size_t rma_run(ema_win_h win, const ema__win_part_t *part, size_t 
     size_t run  = seg - in;
 
     if (loc & EMA_LOC_MOVING) {
-        /* moving, or being removed by a shrink: then the range is gone */
+        /* moving, or being removed by a shrink: then the range is gone;
+         * or its owner died moving it: then it never clears */
         size_t psize = atomic_load_explicit(&part->size, memory_order_acquire);
+        if (ema__xport_peer_lost(ctx->xp, (int)(part - win->parts))) {
+            return EMA_RUN_LOST;
+        }
         return (offset + len > psize) ? SIZE_MAX : 0;
+    }
+    if (ema__xport_peer_lost(ctx->xp, EMA_LOC_RANK(loc))) {
+        return EMA_RUN_LOST; /* the only copy was on a lost rank */
     }
     ema__loc_t next = loc;
     /* Consecutive segments of one rank make one run, unless each segment is

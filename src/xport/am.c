@@ -96,12 +96,23 @@ static void ema_xport_send_cb(void *request, ucs_status_t status, void *user_dat
 {
 }
 
+typedef struct {
+    ucs_status_ptr_t sp;
+    ema__xport_t    *xp;
+    int              peer;   /* -1: any rank lost since nlost0 ends the wait */
+    unsigned         nlost0;
+} ema_xport_req_wait_t;
+
 static int ema_xport_request_done(void *arg)
 {
-    return ucp_request_check_status(arg) != UCS_INPROGRESS;
+    const ema_xport_req_wait_t *w = arg;
+    return ucp_request_check_status(w->sp) != UCS_INPROGRESS ||
+           (w->peer >= 0 ? ema__xport_peer_lost(w->xp, w->peer)
+                         : atomic_load(&w->xp->nlost) != w->nlost0);
 }
 
-ema_status_t ema__xport_wait(ema__xport_t *xp, ucs_status_ptr_t sp, const char *what)
+ema_status_t ema__xport_wait_req(ema__xport_t *xp, ucs_status_ptr_t sp, int peer,
+                                 const char *what)
 {
     ucs_status_t status;
 
@@ -110,19 +121,35 @@ ema_status_t ema__xport_wait(ema__xport_t *xp, ucs_status_ptr_t sp, const char *
     }
     if (UCS_PTR_IS_ERR(sp)) {
         status = UCS_PTR_STATUS(sp);
-        ema_error("%s failed: %s", what, ucs_status_string(status));
+        if (peer < 0 || !ema__xport_peer_lost(xp, peer)) {
+            ema_error("%s failed: %s", what, ucs_status_string(status));
+        }
         return ema__xport_status(status);
     }
+    ema_xport_req_wait_t w = {sp, xp, peer, atomic_load(&xp->nlost)};
     ema__xport_app_enter(xp);
-    ema__xport_wait_until(xp, EMA_WAIT_XPORT, 0, ema_xport_request_done, sp);
+    ema__xport_wait_until(xp, EMA_WAIT_XPORT, 0, ema_xport_request_done, &w);
     status = ucp_request_check_status(sp);
     ema__xport_app_leave(xp);
+    /* a request left to a lost peer is freed when UCX completes it (an
+     * error, or the endpoint's teardown) */
     ucp_request_free(sp);
+    if (status == UCS_INPROGRESS) {
+        return EMA_ERR_PEER_LOST;
+    }
     if (status != UCS_OK) {
-        ema_error("%s failed: %s", what, ucs_status_string(status));
-        return ema__xport_status(status);
+        if (peer < 0 || !ema__xport_peer_lost(xp, peer)) {
+            ema_error("%s failed: %s", what, ucs_status_string(status));
+        }
+        return (peer >= 0 && ema__xport_peer_lost(xp, peer)) ? EMA_ERR_PEER_LOST
+                                                              : ema__xport_status(status);
     }
     return EMA_SUCCESS;
+}
+
+ema_status_t ema__xport_wait(ema__xport_t *xp, ucs_status_ptr_t sp, const char *what)
+{
+    return ema__xport_wait_req(xp, sp, -1, what);
 }
 
 ema_status_t ema__xport_am_send(ema__xport_t *xp, int peer, unsigned id, const void *hdr,
@@ -135,6 +162,9 @@ ema_status_t ema__xport_am_send(ema__xport_t *xp, int peer, unsigned id, const v
     if (xp->send_hook != NULL) {
         return xp->send_hook(xp->send_hook_arg, peer, id, hdr, hdr_len, data, len);
     }
+    if (ema__xport_peer_lost(xp, peer)) {
+        return EMA_ERR_PEER_LOST;
+    }
 
     /* The two parts go as one gathered message: the receiver sees them
      * contiguous (UCP_AM_FLAG_WHOLE_MSG), with no copy into a bounce buffer
@@ -146,7 +176,7 @@ ema_status_t ema__xport_am_send(ema__xport_t *xp, int peer, unsigned id, const v
     param.datatype     = ucp_dt_make_iov();
     ucs_status_ptr_t sp = ucp_am_send_nbx(xp->eps[peer], id, &src, sizeof(src), iov,
                                           (len > 0) ? 2 : 1, &param);
-    return ema__xport_wait(xp, sp, "ucp_am_send_nbx");
+    return ema__xport_wait_req(xp, sp, peer, "ucp_am_send_nbx");
 }
 
 ema_status_t ema__xport_flush_ep(ema__xport_t *xp, int peer)
@@ -155,12 +185,15 @@ ema_status_t ema__xport_flush_ep(ema__xport_t *xp, int peer)
     if (xp->worker == NULL) {
         return EMA_SUCCESS; /* no UCX (tests/fuzz): nothing in flight */
     }
+    if (ema__xport_peer_lost(xp, peer)) {
+        return EMA_ERR_PEER_LOST;
+    }
     param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK;
     param.cb.send      = ema_xport_send_cb;
     /* held from the issue on: the flush takes the worker's lock too */
     ema__xport_app_enter(xp);
-    ema_status_t status = ema__xport_wait(xp, ucp_ep_flush_nbx(xp->eps[peer], &param),
-                                          "ucp_ep_flush_nbx");
+    ema_status_t status = ema__xport_wait_req(xp, ucp_ep_flush_nbx(xp->eps[peer], &param),
+                                              peer, "ucp_ep_flush_nbx");
     ema__xport_app_leave(xp);
     return status;
 }
@@ -173,9 +206,22 @@ ema_status_t ema__xport_flush(ema__xport_t *xp)
     }
     param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK;
     param.cb.send      = ema_xport_send_cb;
+    ema_status_t status = EMA_ERR_PEER_LOST;
     ema__xport_app_enter(xp);
-    ema_status_t status = ema__xport_wait(xp, ucp_worker_flush_nbx(xp->worker, &param),
-                                          "ucp_worker_flush_nbx");
+    if (atomic_load(&xp->nlost) == 0) {
+        status = ema__xport_wait(xp, ucp_worker_flush_nbx(xp->worker, &param),
+                                 "ucp_worker_flush_nbx");
+    }
+    if (status == EMA_ERR_PEER_LOST) {
+        /* A lost peer's endpoint may never flush: flush the live ones. */
+        status = EMA_SUCCESS;
+        for (int r = 0; r < xp->size; r++) {
+            if (r != xp->rank && !ema__xport_peer_lost(xp, r)) {
+                ema_status_t st = ema__xport_flush_ep(xp, r);
+                status = (status == EMA_SUCCESS && st != EMA_ERR_PEER_LOST) ? st : status;
+            }
+        }
+    }
     ema__xport_app_leave(xp);
     return status;
 }

@@ -122,6 +122,10 @@ static ema_status_t ema_xport_allgather(ema__xport_t *xp, const void *blob, size
         status = EMA_ERR_NO_MEMORY;
         goto err;
     }
+    if (atomic_load(&xp->nlost) > 0) {
+        status = EMA_ERR_PEER_LOST; /* a collective needs every rank */
+        goto err;
+    }
     pthread_mutex_lock(&xp->coll_lock); /* the AM handler reads it */
     hdr.seq = ++xp->coll_seq;
     pthread_mutex_unlock(&xp->coll_lock);
@@ -151,6 +155,10 @@ static ema_status_t ema_xport_allgather(ema__xport_t *xp, const void *blob, size
         pthread_mutex_unlock(&xp->coll_lock);
         if (done || xp->size == 1) {
             break;
+        }
+        if (atomic_load(&xp->nlost) > 0) {
+            status = EMA_ERR_PEER_LOST; /* a rank died: it never sends its blob */
+            goto err;
         }
         ema__xport_wait_step(xp, mode);
     }

@@ -69,6 +69,7 @@ unsigned ema__xport_wait_pass(ema__xport_t *xp, unsigned mode)
     unsigned n = 0, base = mode & EMA_WAIT_MODE_MASK;
 
     if (base != EMA_WAIT_NONE) {
+        ema__xport_peers_check(xp); /* a dead peer ends the waits on it */
         n += ema__xport_progress(xp);
     }
     if (base == EMA_WAIT_QUICK || base == EMA_WAIT_LONG) {
@@ -105,7 +106,7 @@ ema_status_t ema__xport_wait_until(ema__xport_t *xp, unsigned mode, double deadl
     return EMA_SUCCESS;
 }
 
-static int ema_xport_flag_reached(void *arg)
+int ema__xport_flag_reached(void *arg)
 {
     const ema__wait_flag_t *f = arg;
     return atomic_load(f->counter) >= f->target;
@@ -114,7 +115,7 @@ static int ema_xport_flag_reached(void *arg)
 void ema__xport_wait_flag(ema__xport_t *xp, unsigned mode, atomic_int *counter, int target)
 {
     ema__wait_flag_t f = {counter, target};
-    ema__xport_wait_until(xp, mode, 0, ema_xport_flag_reached, &f);
+    ema__xport_wait_until(xp, mode, 0, ema__xport_flag_reached, &f);
 }
 
 void ema__xport_wait_step(ema__xport_t *xp, unsigned mode)

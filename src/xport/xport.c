@@ -20,6 +20,16 @@ const ema_config_field_t ema__xport_config_table[] = {
     {"UCX_WAKEUP", "y",
      "let idle progress threads sleep on UCX's event fd instead of spinning",
      EMA_XPORT_CFG(wakeup), &ema__config_bool},
+    {"UCX_PEER_ERRORS", "n",
+     "create UCX endpoints with UCP_ERR_HANDLING_MODE_PEER, so UCX itself fails requests to a "
+     "dead peer; UCX 1.13 then has no shared-memory transport (sysv, posix, cma) and uses "
+     "tcp over loopback. Without it a dead peer is found by its process id",
+     EMA_XPORT_CFG(peer_errors), &ema__config_bool},
+    {"PEER_TIMEOUT", "0",
+     "seconds a peer may leave a request unanswered (a borrow, an invalidation, a table, "
+     "an atomic, a flush) before it counts as lost, as if it had died (0: no limit; a dead "
+     "process is noticed within milliseconds either way)",
+     EMA_XPORT_CFG(peer_timeout), &ema__config_double},
     EMA_CONFIG_TABLE_END};
 
 ema_status_t ema__xport_status(ucs_status_t status)
@@ -98,6 +108,8 @@ ema_status_t ema__xport_create(ema__xport_t *xp, int rank, int size)
     ema__xport_coll_init(xp);
     ema__xport_sched_init(xp);
     ema__xport_waiters_init(xp);
+    ema__xport_peers_init(xp);
+    xp->peer_timeout = xp->cfg.peer_timeout;
     atomic_init(&xp->app_state, 0);
 
     status = ucp_config_read(NULL, NULL, &config);
@@ -170,6 +182,18 @@ err_cleanup:
     return est;
 }
 
+/* UCX found the endpoint to a peer failed (UCP_ERR_HANDLING_MODE_PEER):
+ * its requests complete with an error; the rank is lost. */
+static void ema_xport_ep_error(void *arg, ucp_ep_h ep, ucs_status_t status)
+{
+    ema__xport_t *xp = ema__xport_am_self[EMA_AM_COLL];
+    int peer = (int)(intptr_t)arg;
+    (void)ep;
+    if (xp != NULL && !xp->closing) {
+        ema__xport_mark_lost(xp, peer, ucs_status_string(status));
+    }
+}
+
 ema_status_t ema__xport_connect(ema__xport_t *xp, void *const *addrs)
 {
     ucp_ep_params_t ep_params;
@@ -179,6 +203,14 @@ ema_status_t ema__xport_connect(ema__xport_t *xp, void *const *addrs)
         memset(&ep_params, 0, sizeof(ep_params));
         ep_params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS;
         ep_params.address    = (const ucp_address_t *)addrs[r];
+        if (r != xp->rank && xp->cfg.peer_errors) {
+            /* a peer's death fails its requests instead of hanging them */
+            ep_params.field_mask |= UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                                    UCP_EP_PARAM_FIELD_ERR_HANDLER;
+            ep_params.err_mode       = UCP_ERR_HANDLING_MODE_PEER;
+            ep_params.err_handler.cb  = ema_xport_ep_error;
+            ep_params.err_handler.arg = (void *)(intptr_t)r;
+        }
         status = ucp_ep_create(xp->worker, &ep_params, &xp->eps[r]);
         if (status != UCS_OK) {
             ema_error("ucp_ep_create to rank %d failed: %s", r, ucs_status_string(status));
@@ -197,6 +229,7 @@ void ema__xport_destroy(ema__xport_t *xp)
     if (xp->context == NULL) {
         return;
     }
+    xp->closing = 1; /* peers that finished first are not lost */
     for (int r = 0; xp->eps != NULL && r < xp->size; r++) {
         if (xp->eps[r] == NULL) {
             continue;
@@ -225,5 +258,6 @@ void ema__xport_destroy(ema__xport_t *xp)
     ema__xport_coll_cleanup(xp);
     ema__xport_sched_cleanup(xp);
     ema__xport_waiters_cleanup(xp);
+    ema__xport_peers_cleanup(xp);
 }
 

@@ -39,7 +39,15 @@ typedef void (*ema__defer_cb)(void *arg);
 
 typedef struct ema__xport_config {
     int      wakeup;        /* use UCX wakeup (event fd) so idle threads sleep */
+    int      peer_errors;   /* EMA_UCX_PEER_ERRORS: endpoints in UCX's peer error mode */
+    double   peer_timeout;  /* EMA_PEER_TIMEOUT: seconds a peer may leave a request
+                               unanswered before it counts as lost (0: no limit) */
 } ema__xport_config_t;
+
+/* What an upper layer does when a rank is lost (xport/peer.c); runs as a
+ * quick job, outside UCX callbacks, once per rank. */
+typedef void (*ema__lost_cb)(void *arg, int peer);
+#define EMA_XPORT_LOST_HOOKS 4
 
 typedef struct ema__coll_slot {
     uint64_t  seq;
@@ -138,6 +146,21 @@ typedef struct ema__xport {
     _Alignas(64) _Atomic uint64_t app_state;
     char             app_pad[64 - sizeof(uint64_t)];
 
+    /* Lost peers (xport/peer.c): the one mark of a dead rank, read by
+     * every wait on a peer and by put/get; set once, never cleared. */
+    _Atomic uint8_t *lost;           /* [size] */
+    atomic_uint      nlost;          /* ranks lost so far: ends waits on all */
+    double           peer_timeout;   /* seconds, 0: none (EMA_PEER_TIMEOUT) */
+    int32_t         *pid;            /* [size] the peers' processes (one node) */
+    int             *pidfd;          /* [size] pidfd_open of each, -1: none */
+    _Atomic uint64_t next_check_us;  /* when the pids are polled next */
+    int              closing;        /* ema__xport_destroy: endpoint errors are expected */
+    unsigned         nlost_hooks;
+    struct {
+        ema__lost_cb cb;
+        void        *arg;
+    } lost_hook[EMA_XPORT_LOST_HOOKS];
+
     char             transports[256]; /* as UCX reports them, for ema_info */
     ema__waiters_t   waiters;         /* ids sent in requests, for the replies */
 
@@ -223,9 +246,37 @@ ema_status_t ema__xport_am_send(ema__xport_t *xp, int peer, unsigned id, const v
  * no deadline).  A long job's own waits use EMA_WAIT_QUICK. */
 ema_status_t ema__xport_wait_until(ema__xport_t *xp, unsigned mode, double deadline_us,
                                    ema__wait_cond_cb cond, void *arg);
+/* Whether *@arg (an ema__wait_flag_t) reached its target. */
+int          ema__xport_flag_reached(void *arg);
 /* The same until *@counter >= @target, with no deadline. */
 void         ema__xport_wait_flag(ema__xport_t *xp, unsigned mode, atomic_int *counter,
                                   int target);
+/* A wait on @peer's answer (xport/peer.c): EMA_ERR_PEER_LOST as soon as
+ * @peer is lost (-1: as soon as any rank is lost, for collectives), or
+ * when it leaves the wait unanswered past EMA_PEER_TIMEOUT (it then counts
+ * as lost); EMA_SUCCESS once @cond holds. */
+ema_status_t ema__xport_wait_peer(ema__xport_t *xp, unsigned mode, int peer,
+                                  ema__wait_cond_cb cond, void *arg);
+ema_status_t ema__xport_wait_flag_peer(ema__xport_t *xp, unsigned mode, int peer,
+                                       atomic_int *counter, int target);
+/* Lost peers (xport/peer.c). */
+void ema__xport_peers_init(ema__xport_t *xp);
+void ema__xport_peers_cleanup(ema__xport_t *xp);
+/* Watch @peer's process @pid (this node): its exit marks it lost. */
+void ema__xport_peers_watch(ema__xport_t *xp, int peer, int32_t pid);
+/* Poll the watched processes, at most every 2 ms (any thread). */
+void ema__xport_peers_check(ema__xport_t *xp);
+/* Mark @peer lost, once; any thread, UCX callbacks too. */
+void ema__xport_mark_lost(ema__xport_t *xp, int peer, const char *why);
+/* Run @cb(@arg, rank) (a quick job) for each rank lost. */
+void ema__xport_on_lost(ema__xport_t *xp, ema__lost_cb cb, void *arg);
+
+static inline int ema__xport_peer_lost(const ema__xport_t *xp, int peer)
+{
+    return xp->lost != NULL &&
+           atomic_load_explicit(&xp->lost[peer], memory_order_relaxed) != 0;
+}
+
 /* One pass of a wait of @mode, then the idle policy if nothing happened:
  * for loops whose condition cannot be a callback. */
 void         ema__xport_wait_step(ema__xport_t *xp, unsigned mode);
@@ -262,6 +313,11 @@ void ema__xport_defer_ref(ema__xport_t *xp, unsigned kind, ema__defer_cb cb, voi
 
 /* Wait for a UCX request to complete (progressing), free it, map the status. */
 ema_status_t ema__xport_wait(ema__xport_t *xp, ucs_status_ptr_t sp, const char *what);
+/* The same for a request to @peer: EMA_ERR_PEER_LOST as soon as @peer is
+ * lost (the request is left to UCX).  ema__xport_wait is this with -1:
+ * it ends when any rank is lost meanwhile. */
+ema_status_t ema__xport_wait_req(ema__xport_t *xp, ucs_status_ptr_t sp, int peer,
+                                 const char *what);
 ema_status_t ema__xport_status(ucs_status_t status);
 
 ema_status_t ema__xport_flush_ep(ema__xport_t *xp, int peer);

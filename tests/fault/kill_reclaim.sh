@@ -1,0 +1,3 @@
+#!/bin/sh
+# A reclaim killed: see tests/fault/kill.sh and test_fault.c.
+exec "$top_srcdir/tests/fault/kill.sh" reclaim

@@ -1,0 +1,290 @@
+/*
+ * A rank killed (SIGKILL) at a chosen point, and what the survivors see:
+ * each finishes within FAULT_BOUND seconds of the kill, gets
+ * EMA_ERR_PEER_LOST where the dead rank was needed, and loses no byte held
+ * anywhere else.  Three ranks, each with 8 segments of 1M (run by
+ * tests/fault/kill.sh under mpirun's recovery mode):
+ *   rank 0: a lender (a 2M part: 6M lendable)
+ *   rank 1: a borrower (a 12M part: 8M own, 4M borrowed from rank 0)
+ *   rank 2: a third rank (an 8M part: its whole memory, lends nothing)
+ * Scenarios (argv[1]), the victim in brackets:
+ *   lender      [0] dies while rank 1 holds its memory
+ *   borrower    [1] dies holding rank 0's memory
+ *   reclaim     [0] dies inside ema_reclaim, while rank 1 moves its segments
+ *   migration   [1] dies in its reclaim callback, in the recall rank 0 asked
+ *   collective  [2] dies while ranks 0 and 1 wait in ema_barrier
+ * Each survivor prints "PASS rank R <scenario> <seconds after the kill>" or
+ * FAIL lines; the script counts them.
+ */
+#include <ema.h>
+
+#include <pthread.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define SEG (1u << 20)
+static const size_t part_size[3] = {2 * SEG, 12 * SEG, 8 * SEG};
+static int rank, failures;
+static const char *scenario;
+static ema_win_h win;
+
+#define CHECK(_c, ...)                                                                   \
+    do {                                                                                 \
+        if (!(_c)) {                                                                     \
+            fprintf(stderr, "FAIL rank %d %s: %s: ", rank, scenario, #_c);               \
+            fprintf(stderr, __VA_ARGS__);                                                \
+            fprintf(stderr, " (%s:%d)\n", __FILE__, __LINE__);                           \
+            failures++;                                                                  \
+        }                                                                                \
+    } while (0)
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* The victim notes the time (CLOCK_MONOTONIC is one clock on one node). */
+static void die(void)
+{
+    char path[512];
+    snprintf(path, sizeof(path), "%s/kill_time", getenv("FAULT_DIR"));
+    FILE *f = fopen(path, "w");
+    if (f != NULL) {
+        fprintf(f, "%.6f\n", now_s());
+        fclose(f);
+    }
+    fprintf(stderr, "KILL rank %d %s\n", rank, scenario);
+    fflush(stderr);
+    raise(SIGKILL);
+}
+
+static double kill_time(void)
+{
+    char path[512];
+    double t = 0;
+    snprintf(path, sizeof(path), "%s/kill_time", getenv("FAULT_DIR"));
+    FILE *f = fopen(path, "r");
+    if (f != NULL) {
+        if (fscanf(f, "%lf", &t) != 1) {
+            t = 0;
+        }
+        fclose(f);
+    }
+    return t;
+}
+
+/* The byte at @off of rank @r's part. */
+static uint8_t pattern(int r, size_t off)
+{
+    return (uint8_t)(r * 71 + off / 4096 * 13 + off % 251);
+}
+
+static void fill(void)
+{
+    uint8_t *buf = malloc(part_size[rank]);
+    for (size_t o = 0; o < part_size[rank]; o++) {
+        buf[o] = pattern(rank, o);
+    }
+    if (ema_put(win, rank, 0, buf, part_size[rank]) != EMA_SUCCESS) {
+        fprintf(stderr, "FAIL rank %d %s: filling its part\n", rank, scenario);
+        exit(1);
+    }
+    free(buf);
+}
+
+/* Read rank @r's part segment by segment: each either comes back exactly
+ * as written or fails with EMA_ERR_PEER_LOST; returns the lost ones.  A
+ * lost segment also fails put and atomics. */
+static int verify(int r)
+{
+    uint8_t *buf = malloc(SEG);
+    int lost = 0;
+    for (size_t s = 0; s < part_size[r] / SEG; s++) {
+        ema_status_t st = ema_get(win, r, s * SEG, buf, SEG);
+        if (st == EMA_ERR_PEER_LOST) {
+            uint64_t old;
+            lost++;
+            CHECK(ema_put(win, r, s * SEG, buf, 8) == EMA_ERR_PEER_LOST, "put, segment %zu of "
+                  "rank %d", s, r);
+            CHECK(ema_fetch_add(win, r, s * SEG, 1, &old) == EMA_ERR_PEER_LOST,
+                  "atomic, segment %zu of rank %d", s, r);
+            continue;
+        }
+        CHECK(st == EMA_SUCCESS, "get of segment %zu of rank %d: %s", s, r, ema_strerror(st));
+        size_t bad = 0;
+        for (size_t o = 0; st == EMA_SUCCESS && o < SEG; o++) {
+            bad += buf[o] != pattern(r, s * SEG + o);
+        }
+        CHECK(bad == 0, "%zu bytes differ in segment %zu of rank %d", bad, s, r);
+    }
+    free(buf);
+    return lost;
+}
+
+static void on_recall(ema_win_h w, size_t offset, size_t len, void *arg)
+{
+    (void)w;
+    (void)offset;
+    (void)len;
+    (void)arg;
+    if (strcmp(scenario, "migration") == 0 && rank == 1) {
+        die(); /* inside the recall rank 0 asked for, before the move */
+    }
+}
+
+static void *kill_later(void *arg)
+{
+    usleep((useconds_t)(intptr_t)arg);
+    die();
+    return NULL;
+}
+
+int main(int argc, char **argv)
+{
+    int size, victim;
+    void *base;
+    ema_win_stat_t ws;
+    ema_mem_stat_t ms;
+
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    scenario = argc > 1 ? argv[1] : "";
+    if (ema_init(NULL) != EMA_SUCCESS || ema_world_rank(&rank) != EMA_SUCCESS ||
+        ema_world_size(&size) != EMA_SUCCESS || size != 3) {
+        fprintf(stderr, "FAIL: ema_init, or a world not of 3\n");
+        return 1;
+    }
+    victim = (!strcmp(scenario, "lender") || !strcmp(scenario, "reclaim")) ? 0
+             : (!strcmp(scenario, "collective")) ? 2 : 1;
+    ema_win_params_t wp = {.field_mask = EMA_WIN_PARAM_FIELD_MAX_SIZE, .max_size = 16 * SEG};
+    if (ema_win_allocate(rank == 1 ? 8 * SEG : part_size[rank], &wp, &base, &win) !=
+            EMA_SUCCESS ||
+        ema_barrier() != EMA_SUCCESS ||
+        (rank == 1 && ema_win_grow(win, part_size[rank]) != EMA_SUCCESS)) {
+        fprintf(stderr, "FAIL rank %d: ema_win_allocate, or rank 1's grow\n", rank);
+        return 1;
+    }
+    ema_win_set_reclaim_cb(win, on_recall, NULL);
+    fill();
+    ema_win_stat(win, &ws);
+    int borrowed = (int)(ws.bytes_borrowed / SEG);
+    if (rank == 1 && borrowed != 4) {
+        fprintf(stderr, "FAIL rank 1 %s: the setup: %d segments borrowed, not 4\n", scenario,
+                borrowed);
+        return 1;
+    }
+    if (ema_barrier() != EMA_SUCCESS) {
+        fprintf(stderr, "FAIL rank %d: the first barrier\n", rank);
+        return 1;
+    }
+
+    double t0 = now_s(), tlost = 0;
+    if (rank == victim) {
+        if (!strcmp(scenario, "reclaim")) {
+            /* the reclaim of what rank 1 borrowed; killed 5 ms into it */
+            pthread_t th;
+            pthread_create(&th, NULL, kill_later, (void *)(intptr_t)5000);
+            ema_reclaim(6 * SEG, 60000);
+            usleep(10000000);
+        }
+        if (!strcmp(scenario, "migration")) {
+            for (;;) { /* dies in its reclaim callback (on_recall) */
+                ema_progress();
+                usleep(100);
+            }
+        }
+        if (!strcmp(scenario, "collective")) {
+            usleep(300000); /* the others wait in the barrier */
+        }
+        die();
+    }
+
+    /* the survivors */
+    if (!strcmp(scenario, "migration") && rank == 0) {
+        /* recall what rank 1 borrowed; it dies moving it: the memory is
+         * back all the same */
+        ema_status_t st = ema_reclaim(6 * SEG, 60000);
+        CHECK(st == EMA_SUCCESS, "ema_reclaim while the borrower died: %s", ema_strerror(st));
+    } else if (!strcmp(scenario, "collective")) {
+        ema_status_t st = ema_barrier();
+        CHECK(st == EMA_ERR_PEER_LOST, "ema_barrier: %s", ema_strerror(st));
+    } else {
+        while (kill_time() == 0 && now_s() - t0 < 60) {
+            ema_progress();
+            usleep(1000);
+        }
+    }
+    double tk = kill_time();
+    CHECK(tk > 0, "the victim never died");
+    /* every call that needs the victim fails, promptly */
+    ema_status_t st;
+    char c = 0;
+    for (;;) {
+        st = ema_get(win, victim, 0, &c, 1);
+        if (st != EMA_SUCCESS || now_s() - tk > 30) {
+            break;
+        }
+        usleep(1000); /* noticed within milliseconds */
+    }
+    tlost = now_s() - tk;
+    CHECK(st == EMA_ERR_PEER_LOST, "get from the victim: %s", ema_strerror(st));
+    CHECK(ema_win_flush(win, victim) == EMA_ERR_PEER_LOST, "flush of the victim");
+    CHECK(ema_barrier() == EMA_ERR_PEER_LOST, "barrier");
+
+    /* no byte lost elsewhere */
+    for (int r = 0; r < 3; r++) {
+        if (r == victim) {
+            continue;
+        }
+        int lost = verify(r);
+        if (r == 1 && victim == 0 && !strcmp(scenario, "lender")) {
+            CHECK(lost == 4, "%d segments of rank 1 lost, not the 4 on rank 0", lost);
+        } else if (r == 1 && victim == 0) {
+            /* the reclaim moved some or all of them before rank 0 died */
+            CHECK(lost <= 4, "%d segments of rank 1 lost, more than the 4 on rank 0", lost);
+        } else {
+            CHECK(lost == 0, "%d segments of rank %d lost", lost, r);
+        }
+    }
+    /* the lender has back what the dead borrower held */
+    if (rank == 0 && victim == 1) {
+        ema_mem_stat(&ms);
+        while (ms.bytes_lent != 0 && now_s() - tk < 30) {
+            ema_progress();
+            usleep(1000);
+            ema_mem_stat(&ms);
+        }
+        CHECK(ms.bytes_lent == 0, "%zu bytes still lent to the dead rank", ms.bytes_lent);
+    }
+    /* the own part still takes writes (the byte it holds: the other
+     * survivor may be reading it) */
+    c = pattern(rank, 0);
+    CHECK(ema_put(win, rank, 0, &c, 1) == EMA_SUCCESS, "put to the own part");
+    /* No barrier any more: wait for the other survivor's checks through
+     * files, so that neither exits (and takes its memory) under the other. */
+    char path[512];
+    snprintf(path, sizeof(path), "%s/done.%d", getenv("FAULT_DIR"), rank);
+    fclose(fopen(path, "w"));
+    for (int r = 0; r < 3; r++) {
+        snprintf(path, sizeof(path), "%s/done.%d", getenv("FAULT_DIR"), r);
+        while (r != victim && access(path, F_OK) != 0 && now_s() - tk < 30) {
+            usleep(1000);
+        }
+    }
+    double t = now_s() - tk;
+    double bound = getenv("FAULT_BOUND") ? atof(getenv("FAULT_BOUND")) : 10;
+    CHECK(t < bound, "finished %.3f s after the kill (bound %.0f s)", t, bound);
+    st = ema_finalize();
+    CHECK(st == EMA_SUCCESS || st == EMA_ERR_PEER_LOST, "ema_finalize: %s", ema_strerror(st));
+    t = now_s() - tk;
+    if (failures == 0) {
+        printf("PASS rank %d %s lost-after %.3f s done-after %.3f s\n", rank, scenario, tlost, t);
+    }
+    return failures != 0;
+}

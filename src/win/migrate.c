@@ -380,10 +380,8 @@ void ema__win_recall(ema__win_ctx_t *ctx, int src, const uint32_t *segs, uint32_
         ema_error("out of memory handling a recall from rank %d", src);
         goto out;
     }
-    pthread_mutex_lock(&ctx->lock);
-    ema_win_h win = ctx->wins;
-    pthread_mutex_unlock(&ctx->lock);
-    for (; win != NULL; win = win->next) {
+    for (ema_win_h win = ema__win_list_next(ctx, NULL); win != NULL;
+         win = ema__win_list_next(ctx, win)) {
         uint32_t m = 0;
         if (!notified) {
             /* the owner hears first, and may release what it held */

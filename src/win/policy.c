@@ -380,13 +380,10 @@ void ema__win_recall_end(ema__win_ctx_t *ctx)
         atomic_exchange(&ctx->policy_yielded, 0) == 0) {
         return;
     }
-    /* The windows are never freed before finalize: walk the list as
-     * ema__win_recall does, each window's lock in turn. */
-    pthread_mutex_lock(&ctx->lock);
-    ema_win_h win = ctx->wins;
-    pthread_mutex_unlock(&ctx->lock);
+    /* walk the list as ema__win_recall does, each window's lock in turn */
     EMA_WIN_ASSERT_NONE_LOCKED();
-    for (; win != NULL; win = win->next) {
+    for (ema_win_h win = ema__win_list_next(ctx, NULL); win != NULL;
+         win = ema__win_list_next(ctx, win)) {
         ema__win_lock(win);
         if (win->magic == EMA_WIN_MAGIC && win->policy != NULL) {
             policy_queue(win);

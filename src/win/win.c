@@ -309,6 +309,20 @@ ema_win_h ema__win_find(ema__win_ctx_t *ctx, uint32_t id)
     return w;
 }
 
+/* The window after @win in ctx->wins (the first for NULL).  ctx->lock
+ * guards the links, not the windows, so a walk that locks each window in
+ * turn reads each link under it: ema_win_free unlinks a window and puts it
+ * on ctx->dead (under ctx->lock) while a walk may stand on it; the walk
+ * then goes on into the dead list, whose windows stay in memory until
+ * ema__win_ctx_cleanup and say by their magic that they are to be skipped. */
+ema_win_h ema__win_list_next(ema__win_ctx_t *ctx, ema_win_h win)
+{
+    pthread_mutex_lock(&ctx->lock);
+    ema_win_h next = win != NULL ? win->next : ctx->wins;
+    pthread_mutex_unlock(&ctx->lock);
+    return next;
+}
+
 /* --- window allocation ---------------------------------------------------- */
 
 /* What each rank contributes to the allocation's allgather. */

@@ -436,6 +436,7 @@ int          ema__win_desc_check(const ema__win_ctx_t *ctx, int r, const void *b
  * borrowed and spilled segments back (ctx->mem_ops). */
 ema_status_t ema__win_free(ema__win_ctx_t *ctx, ema_win_h win) EMA_EXCLUDES(win->lock);
 ema_win_h    ema__win_find(ema__win_ctx_t *ctx, uint32_t id);
+ema_win_h    ema__win_list_next(ema__win_ctx_t *ctx, ema_win_h win) EMA_EXCLUDES(ctx->lock);
 
 /* Check a handle: EMA_ERR_INVALID_HANDLE for NULL, freed or foreign handles. */
 static inline ema_status_t ema__win_check(ema_win_h win)

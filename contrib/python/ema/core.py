@@ -133,6 +133,17 @@ class Buffer:
         self.release()
 
 
+class _Closing:
+    """``with`` closes it on exit: the objects whose end is close()
+    (views.View, notify.ReclaimNotifier)."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
 # --------------------------------------------------------------------------
 # The world
 # --------------------------------------------------------------------------

@@ -47,6 +47,14 @@ def fnum(x):
         return float("nan")
 
 
+def save(fig, dst):
+    """Lay out, write and close a finished figure; True (it was drawn)."""
+    fig.tight_layout()
+    fig.savefig(dst, dpi=110)
+    plt.close(fig)
+    return True
+
+
 def first_seed(out, scn, cfg):
     runs = sorted(glob.glob(os.path.join(out, "runs", scn, cfg, "s*")),
                   key=lambda d: int(os.path.basename(d)[1:]))
@@ -89,10 +97,7 @@ def plot_memory(out, dst, label):
     axes[-1].set_xlabel("time (s)")
     fig.suptitle("KV memory held by each rank, elastic, rotating load (%s, %s)"
                  % (os.path.basename(d), label))
-    fig.tight_layout()
-    fig.savefig(dst, dpi=110)
-    plt.close(fig)
-    return True
+    return save(fig, dst)
 
 
 def run_rows(out, scn, cfg, hot=None):
@@ -140,10 +145,7 @@ def plot_hot_throughput(out, dst, label):
         ax.set_title(scn + (" (all ranks hot)" if scn == "allbusy" else ""))
         ax.set_ylabel("tokens/s per hot rank")
     fig.suptitle("Hot-phase throughput, median and range over seeds (%s)" % label)
-    fig.tight_layout()
-    fig.savefig(dst, dpi=110)
-    plt.close(fig)
-    return True
+    return save(fig, dst)
 
 
 def plot_cdf(out, dst, label):
@@ -178,10 +180,17 @@ def plot_cdf(out, dst, label):
             ax.grid(alpha=0.3)
             ax.legend(fontsize=8)
     fig.suptitle("Latency CDFs, rotating load, all seeds (%s)" % label)
-    fig.tight_layout()
-    fig.savefig(dst, dpi=110)
-    plt.close(fig)
-    return True
+    return save(fig, dst)
+
+
+def sweep_point(runs, hot):
+    """(offered load, median, min and max of the hot-phase tokens/s, hot) of
+    the rotating runs {seed: summary rows} at one load (hot None: the main
+    runs)."""
+    v = [hot_tps(r, "rotating") for r in runs.values()]
+    offered = statistics.mean(fnum(r["offered_rps"]) for rr in runs.values()
+                              for r in rr if r["class"] == "hot")
+    return (offered, statistics.median(v), min(v), max(v), hot)
 
 
 def plot_sweep(out, dst, label):
@@ -194,16 +203,10 @@ def plot_sweep(out, dst, label):
         for h in hots:
             runs = run_rows(out, "rotating", cfg, h)
             if runs:
-                v = [hot_tps(r, "rotating") for r in runs.values()]
-                offered = statistics.mean(fnum(r["offered_rps"]) for rr in runs.values()
-                                          for r in rr if r["class"] == "hot")
-                pts.append((offered, statistics.median(v), min(v), max(v), h))
+                pts.append(sweep_point(runs, h))
         main = run_rows(out, "rotating", cfg)
         if main:
-            v = [hot_tps(r, "rotating") for r in main.values()]
-            offered = statistics.mean(fnum(r["offered_rps"]) for rr in main.values()
-                                      for r in rr if r["class"] == "hot")
-            pts.append((offered, statistics.median(v), min(v), max(v), None))
+            pts.append(sweep_point(main, None))
         if not pts:
             continue
         pts.sort()
@@ -219,10 +222,7 @@ def plot_sweep(out, dst, label):
     ax.grid(alpha=0.3)
     ax.legend()
     ax.set_title("Throughput against offered load, rotating (%s)" % label)
-    fig.tight_layout()
-    fig.savefig(dst, dpi=110)
-    plt.close(fig)
-    return True
+    return save(fig, dst)
 
 
 def plot_lender_wait(out, dst, label):
@@ -247,10 +247,7 @@ def plot_lender_wait(out, dst, label):
     ax.set_ylabel("count")
     ax.legend()
     ax.set_title("How long lenders waited for reclaimed memory, elastic (%s)" % label)
-    fig.tight_layout()
-    fig.savefig(dst, dpi=110)
-    plt.close(fig)
-    return True
+    return save(fig, dst)
 
 
 def plot_step_vs_borrowed(out, dst, label):
@@ -301,10 +298,7 @@ def plot_step_vs_borrowed(out, dst, label):
     ax2.set_title("what borrowing costs a step")
     ax2.legend(fontsize=8)
     fig.suptitle("Step time against borrowed fraction, rotating, all seeds (%s)" % label)
-    fig.tight_layout()
-    fig.savefig(dst, dpi=110)
-    plt.close(fig)
-    return True
+    return save(fig, dst)
 
 
 PLOTS = [("1_memory.png", plot_memory), ("2_hot_throughput.png", plot_hot_throughput),

@@ -79,24 +79,33 @@ static void kv_shm_name(char *buf, size_t len)
     snprintf(buf, len, "/ema_kv_serving.%s", clean);
 }
 
+/* Map the page @name into kv_shm: rank 0 (@create) makes it, the others
+ * open it.  0, or -1 after saying why. */
+static int kv_shm_map(const char *name, int create)
+{
+    int fd = shm_open(name, create ? O_CREAT | O_RDWR : O_RDWR, 0600);
+    if (fd < 0 || (create && ftruncate(fd, sizeof(kv_shm_t)) != 0)) {
+        perror("kv_serving: shm_open");
+        return -1;
+    }
+    kv_shm = mmap(NULL, sizeof(kv_shm_t), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (kv_shm == MAP_FAILED) {
+        perror("kv_serving: mmap");
+        return -1;
+    }
+    return 0;
+}
+
 int kv_shm_open(int rank, int nranks)
 {
     char name[128];
-    int fd = -1;
 
     kv_shm_name(name, sizeof(name));
     kv_shm_n = nranks;
     if (rank == 0) {
         shm_unlink(name); /* a leftover of a killed run with the same name */
-        fd = shm_open(name, O_CREAT | O_RDWR, 0600);
-        if (fd < 0 || ftruncate(fd, sizeof(kv_shm_t)) != 0) {
-            perror("kv_serving: shm_open");
-            return -1;
-        }
-        kv_shm = mmap(NULL, sizeof(kv_shm_t), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-        close(fd);
-        if (kv_shm == MAP_FAILED) {
-            perror("kv_serving: mmap");
+        if (kv_shm_map(name, 1) != 0) {
             return -1;
         }
         memset(kv_shm, 0, sizeof(*kv_shm));
@@ -110,18 +119,8 @@ int kv_shm_open(int rank, int nranks)
     if (ema_barrier() != EMA_SUCCESS) {
         return -1;
     }
-    if (rank != 0) {
-        fd = shm_open(name, O_RDWR, 0600);
-        if (fd < 0) {
-            perror("kv_serving: shm_open");
-            return -1;
-        }
-        kv_shm = mmap(NULL, sizeof(kv_shm_t), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-        close(fd);
-        if (kv_shm == MAP_FAILED) {
-            perror("kv_serving: mmap");
-            return -1;
-        }
+    if (rank != 0 && kv_shm_map(name, 0) != 0) {
+        return -1;
     }
     if (ema_barrier() != EMA_SUCCESS) {
         return -1;

@@ -285,17 +285,9 @@ done
 echo "== Check summaries"
 find . -name '*.log' ! -name 'test-suite.log' ! -name 'config.log' -print0 |
     xargs -0 grep -h -E '^[0-9]+%: Checks: ' 2>/dev/null || true
-if [ -f test-suite.log ]; then
-    pass=$(sed -n 's/^# PASS: *//p' test-suite.log)
-    fail=$(sed -n 's/^# FAIL: *//p' test-suite.log)
-    skip=$(sed -n 's/^# SKIP: *//p' test-suite.log)
-    err=$(sed -n 's/^# ERROR: *//p' test-suite.log)
-    [ "$rc" -ne 0 ] && grep -A40 -E '^(FAIL|ERROR):' test-suite.log | head -200
-    echo "${pass:-0} passed, $(( ${fail:-0} + ${err:-0} )) failed, ${skip:-0} skipped"
-else
-    tail -50 make-check.out
-    echo "0 passed, 1 failed"
-fi
+. "$top/contrib/check_counts.sh"
+check_counts "$rc"
+echo "$pass passed, $fail failed${skip:+, $skip skipped}"
 [ "$gpu" = yes ] || exit $rc
 
 # 4. GPU mode: the GPU suite, against the wheel's UCX, in ./build-gpu.

@@ -157,16 +157,7 @@ if [ -n "$reports" ]; then
     echo "== sanitizer reports ($nrep lines):"
     printf '%s\n' "$reports"
 fi
-if [ -f test-suite.log ]; then
-    pass=$(sed -n 's/^# PASS: *//p' test-suite.log)
-    fail=$(sed -n 's/^# FAIL: *//p' test-suite.log)
-    skip=$(sed -n 's/^# SKIP: *//p' test-suite.log)
-    err=$(sed -n 's/^# ERROR: *//p' test-suite.log)
-    [ "$rc" -ne 0 ] && grep -A40 -E '^(FAIL|ERROR):' test-suite.log | head -200
-    fail=$(( ${fail:-0} + ${err:-0} ))
-else
-    tail -50 make-check.out
-    pass=0 fail=1 skip=0
-fi
-echo "$kind: ${pass:-0} passed, $fail failed, ${skip:-0} skipped, $nrep sanitizer report lines"
+. "$top/contrib/check_counts.sh"
+check_counts "$rc"
+echo "$kind: $pass passed, $fail failed, ${skip:-0} skipped, $nrep sanitizer report lines"
 [ "$rc" -eq 0 ] && [ "$fail" -eq 0 ] && [ "$nrep" -eq 0 ]

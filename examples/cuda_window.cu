@@ -25,25 +25,20 @@
 
 #define EXIT_SKIP 77
 
-#define CUDA_CHECK(_call) \
+/* Run @_call, a call returning @_type, @_ok on success; on failure print
+ * it (@_text) and @_strerror's name of its error, and exit. */
+#define CHECK_CALL(_type, _ok, _strerror, _call, _text) \
     do { \
-        cudaError_t e_ = (_call); \
-        if (e_ != cudaSuccess) { \
-            fprintf(stderr, "cuda_window: rank %d: %s failed: %s\n", rank, #_call, \
-                    cudaGetErrorString(e_)); \
+        _type r_ = (_call); \
+        if (r_ != (_ok)) { \
+            fprintf(stderr, "cuda_window: rank %d: %s failed: %s\n", rank, _text, \
+                    _strerror(r_)); \
             exit(1); \
         } \
     } while (0)
 
-#define EMA_CHECK(_call) \
-    do { \
-        ema_status_t s_ = (_call); \
-        if (s_ != EMA_SUCCESS) { \
-            fprintf(stderr, "cuda_window: rank %d: %s failed: %s\n", rank, #_call, \
-                    ema_strerror(s_)); \
-            exit(1); \
-        } \
-    } while (0)
+#define CUDA_CHECK(_call) CHECK_CALL(cudaError_t, cudaSuccess, cudaGetErrorString, _call, #_call)
+#define EMA_CHECK(_call)  CHECK_CALL(ema_status_t, EMA_SUCCESS, ema_strerror, _call, #_call)
 
 static int rank = -1;
 

@@ -27,13 +27,18 @@
 
 /* --- the arena ------------------------------------------------------------ */
 
+/* The arena's copy streams. */
+enum {
+    CUDA_STREAM_MIGRATE, /* for copy: migrations */
+    CUDA_STREAM_RMA,     /* for rma_copy: put and get on the direct path, never
+                            behind a migration's copies */
+    CUDA_NSTREAMS
+};
+
 typedef struct {
     CUdevice                      dev;
     CUcontext                     ctx;      /* the device's primary context, retained */
-    CUstream                      stream;   /* for copy: migrations */
-    CUstream                      rstream;  /* for rma_copy: put and get on the
-                                               direct path, never behind a
-                                               migration's copies */
+    CUstream                      streams[CUDA_NSTREAMS];
     size_t                        gran;     /* the real VMM granularity */
     CUmemAllocationHandleType     htypes;   /* requested at cuMemCreate */
     uint32_t                      nsegs;
@@ -175,11 +180,10 @@ static void cuda_arena_destroy(ema__mem_arena_t *arena)
         ema__cu.cuMemAddressFree((CUdeviceptr)(uintptr_t)arena->base, arena->capacity);
         arena->base = NULL;
     }
-    if (ca->stream != NULL) {
-        ema__cu.cuStreamDestroy(ca->stream);
-    }
-    if (ca->rstream != NULL) {
-        ema__cu.cuStreamDestroy(ca->rstream);
+    for (int i = 0; i < CUDA_NSTREAMS; i++) {
+        if (ca->streams[i] != NULL) {
+            ema__cu.cuStreamDestroy(ca->streams[i]);
+        }
     }
     if (ca->ctx != NULL) {
         ema__cu.cuDevicePrimaryCtxRelease(ca->dev);
@@ -263,17 +267,13 @@ static ema_status_t cuda_arena_create(ema__mem_arena_t *arena)
         goto err;
     }
 
-    EMA_CU_CALL(res, cuStreamCreate, &ca->stream, CU_STREAM_NON_BLOCKING);
-    if (res != CUDA_SUCCESS) {
-        ca->stream = NULL;
-        status = ema__cu_status(res);
-        goto err;
-    }
-    EMA_CU_CALL(res, cuStreamCreate, &ca->rstream, CU_STREAM_NON_BLOCKING);
-    if (res != CUDA_SUCCESS) {
-        ca->rstream = NULL;
-        status = ema__cu_status(res);
-        goto err;
+    for (int i = 0; i < CUDA_NSTREAMS; i++) {
+        EMA_CU_CALL(res, cuStreamCreate, &ca->streams[i], CU_STREAM_NON_BLOCKING);
+        if (res != CUDA_SUCCESS) {
+            ca->streams[i] = NULL;
+            status = ema__cu_status(res);
+            goto err;
+        }
     }
     EMA_CU_CALL(res, cuMemAddressReserve, &base, arena->capacity, ca->gran, 0, 0);
     if (res != CUDA_SUCCESS) {
@@ -512,66 +512,57 @@ static ema_status_t cuda_unmap(ema__mem_arena_t *arena, void *addr, size_t len)
     return status;
 }
 
+/* Queue a copy on stream @which (CUDA_STREAM_*), then, with @wait, wait
+ * for everything queued on it (else cuda_stream_wait does, later). */
+static ema_status_t cuda_stream_copy(ema__mem_arena_t *arena, int which, void *dst,
+                                     const void *src, size_t len, int wait)
+{
+    ema_cuda_arena_t *ca = arena->priv;
+    ema_status_t status = cuda_ctx_set(ca);
+    CUresult res;
+
+    if (status != EMA_SUCCESS) {
+        return status;
+    }
+    EMA_CU_CALL(res, cuMemcpyAsync, (CUdeviceptr)(uintptr_t)dst,
+                (CUdeviceptr)(uintptr_t)src, len, ca->streams[which]);
+    if (res == CUDA_SUCCESS && wait) {
+        EMA_CU_CALL(res, cuStreamSynchronize, ca->streams[which]);
+    }
+    return ema__cu_status(res);
+}
+
+static ema_status_t cuda_stream_wait(ema__mem_arena_t *arena, int which)
+{
+    ema_cuda_arena_t *ca = arena->priv;
+    ema_status_t status = cuda_ctx_set(ca);
+    CUresult res;
+
+    if (status != EMA_SUCCESS) {
+        return status;
+    }
+    EMA_CU_CALL(res, cuStreamSynchronize, ca->streams[which]);
+    return ema__cu_status(res);
+}
+
+/* Synchronous: unified addressing lets one cuMemcpy reach local, borrowed
+ * and host memory alike.  Migrations queue theirs with copy_start and wait
+ * once (ema__win_seg_move_batch). */
 static ema_status_t cuda_copy(ema__mem_arena_t *arena, void *dst, const void *src,
                               size_t len)
 {
-    ema_cuda_arena_t *ca = arena->priv;
-    ema_status_t status;
-    CUresult res;
-
-    status = cuda_ctx_set(ca);
-    if (status != EMA_SUCCESS) {
-        return status;
-    }
-    /* Synchronous: unified addressing lets one cuMemcpy reach local,
-     * borrowed and host memory alike.  Migrations queue theirs with
-     * copy_start and wait once (ema__win_seg_move_batch). */
-    EMA_CU_CALL(res, cuMemcpyAsync, (CUdeviceptr)(uintptr_t)dst,
-                (CUdeviceptr)(uintptr_t)src, len, ca->stream);
-    if (res == CUDA_SUCCESS) {
-        EMA_CU_CALL(res, cuStreamSynchronize, ca->stream);
-    }
-    return ema__cu_status(res);
-}
-
-/* Queue a copy on @stream, and wait for everything queued on it. */
-static ema_status_t cuda_stream_copy(ema_cuda_arena_t *ca, CUstream stream, void *dst,
-                                     const void *src, size_t len)
-{
-    ema_status_t status = cuda_ctx_set(ca);
-    CUresult res;
-
-    if (status != EMA_SUCCESS) {
-        return status;
-    }
-    EMA_CU_CALL(res, cuMemcpyAsync, (CUdeviceptr)(uintptr_t)dst,
-                (CUdeviceptr)(uintptr_t)src, len, stream);
-    return ema__cu_status(res);
-}
-
-static ema_status_t cuda_stream_wait(ema_cuda_arena_t *ca, CUstream stream)
-{
-    ema_status_t status = cuda_ctx_set(ca);
-    CUresult res;
-
-    if (status != EMA_SUCCESS) {
-        return status;
-    }
-    EMA_CU_CALL(res, cuStreamSynchronize, stream);
-    return ema__cu_status(res);
+    return cuda_stream_copy(arena, CUDA_STREAM_MIGRATE, dst, src, len, 1);
 }
 
 static ema_status_t cuda_copy_start(ema__mem_arena_t *arena, void *dst, const void *src,
                                     size_t len)
 {
-    ema_cuda_arena_t *ca = arena->priv;
-    return cuda_stream_copy(ca, ca->stream, dst, src, len);
+    return cuda_stream_copy(arena, CUDA_STREAM_MIGRATE, dst, src, len, 0);
 }
 
 static ema_status_t cuda_copy_wait(ema__mem_arena_t *arena)
 {
-    ema_cuda_arena_t *ca = arena->priv;
-    return cuda_stream_wait(ca, ca->stream);
+    return cuda_stream_wait(arena, CUDA_STREAM_MIGRATE);
 }
 
 /* A mark is an event recorded on the copy stream; created per mark (about
@@ -591,7 +582,7 @@ static ema_status_t cuda_copy_mark(ema__mem_arena_t *arena, void **mark_p)
     if (res != CUDA_SUCCESS) {
         return ema__cu_status(res);
     }
-    EMA_CU_CALL(res, cuEventRecord, ev, ca->stream);
+    EMA_CU_CALL(res, cuEventRecord, ev, ca->streams[CUDA_STREAM_MIGRATE]);
     if (res != CUDA_SUCCESS) {
         ema__cu.cuEventDestroy(ev);
         return ema__cu_status(res);
@@ -624,14 +615,12 @@ static ema_status_t cuda_copy_wait_mark(ema__mem_arena_t *arena, void *mark)
 static ema_status_t cuda_rma_copy_start(ema__mem_arena_t *arena, void *dst, const void *src,
                                         size_t len)
 {
-    ema_cuda_arena_t *ca = arena->priv;
-    return cuda_stream_copy(ca, ca->rstream, dst, src, len);
+    return cuda_stream_copy(arena, CUDA_STREAM_RMA, dst, src, len, 0);
 }
 
 static ema_status_t cuda_rma_copy_wait(ema__mem_arena_t *arena)
 {
-    ema_cuda_arena_t *ca = arena->priv;
-    return cuda_stream_wait(ca, ca->rstream);
+    return cuda_stream_wait(arena, CUDA_STREAM_RMA);
 }
 
 const ema__mem_ops_t ema__mem_cuda_ops = {

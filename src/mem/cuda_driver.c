@@ -50,7 +50,7 @@ static void cu_load(void)
     }
     get_proc = (PFN_cuGetProcAddress_v12000)dlsym(ema__cu.lib, "cuGetProcAddress_v2");
 
-#define EMA_CUDA_RESOLVE(_name, _abi, _type) \
+#define EMA_CUDA_RESOLVE(_name, _abi, _version) \
     { \
         void *fn = NULL; \
         if (get_proc != NULL) { \
@@ -67,7 +67,7 @@ static void cu_load(void)
             ema_debug("cuda kind unusable: the driver has no " #_name); \
             goto err_close; \
         } \
-        ema__cu._name = (_type)fn; \
+        ema__cu._name = (PFN_##_name##_##_version)fn; \
     }
     EMA_CUDA_FUNCS(EMA_CUDA_RESOLVE)
 #undef EMA_CUDA_RESOLVE

@@ -33,43 +33,40 @@
 
 /* --- the driver, loaded on first use ------------------------------------ */
 
-/* One entry per driver call: the name given to cuGetProcAddress, and the
- * exported (ABI) name to dlsym when the driver predates cuGetProcAddress_v2. */
+/* One entry per driver call: the name given to cuGetProcAddress, the
+ * exported (ABI) name to dlsym when the driver predates cuGetProcAddress_v2,
+ * and the version in the name of its type, PFN_<name>_<version>. */
 #define EMA_CUDA_FUNCS(_F) \
-    _F(cuInit, cuInit, PFN_cuInit_v2000) \
-    _F(cuDriverGetVersion, cuDriverGetVersion, PFN_cuDriverGetVersion_v2020) \
-    _F(cuGetErrorName, cuGetErrorName, PFN_cuGetErrorName_v6000) \
-    _F(cuDeviceGetCount, cuDeviceGetCount, PFN_cuDeviceGetCount_v2000) \
-    _F(cuDeviceGet, cuDeviceGet, PFN_cuDeviceGet_v2000) \
-    _F(cuDeviceGetAttribute, cuDeviceGetAttribute, PFN_cuDeviceGetAttribute_v2000) \
-    _F(cuDevicePrimaryCtxRetain, cuDevicePrimaryCtxRetain, PFN_cuDevicePrimaryCtxRetain_v7000) \
-    _F(cuDevicePrimaryCtxRelease, cuDevicePrimaryCtxRelease_v2, \
-       PFN_cuDevicePrimaryCtxRelease_v11000) \
-    _F(cuCtxSetCurrent, cuCtxSetCurrent, PFN_cuCtxSetCurrent_v4000) \
-    _F(cuMemGetInfo, cuMemGetInfo_v2, PFN_cuMemGetInfo_v3020) \
-    _F(cuMemGetAllocationGranularity, cuMemGetAllocationGranularity, \
-       PFN_cuMemGetAllocationGranularity_v10020) \
-    _F(cuMemAddressReserve, cuMemAddressReserve, PFN_cuMemAddressReserve_v10020) \
-    _F(cuMemAddressFree, cuMemAddressFree, PFN_cuMemAddressFree_v10020) \
-    _F(cuMemCreate, cuMemCreate, PFN_cuMemCreate_v10020) \
-    _F(cuMemRelease, cuMemRelease, PFN_cuMemRelease_v10020) \
-    _F(cuMemMap, cuMemMap, PFN_cuMemMap_v10020) \
-    _F(cuMemUnmap, cuMemUnmap, PFN_cuMemUnmap_v10020) \
-    _F(cuMemSetAccess, cuMemSetAccess, PFN_cuMemSetAccess_v10020) \
-    _F(cuMemExportToShareableHandle, cuMemExportToShareableHandle, \
-       PFN_cuMemExportToShareableHandle_v10020) \
-    _F(cuMemImportFromShareableHandle, cuMemImportFromShareableHandle, \
-       PFN_cuMemImportFromShareableHandle_v10020) \
-    _F(cuStreamCreate, cuStreamCreate, PFN_cuStreamCreate_v2000) \
-    _F(cuStreamDestroy, cuStreamDestroy_v2, PFN_cuStreamDestroy_v4000) \
-    _F(cuStreamSynchronize, cuStreamSynchronize, PFN_cuStreamSynchronize_v2000) \
-    _F(cuMemcpyAsync, cuMemcpyAsync, PFN_cuMemcpyAsync_v4000) \
-    _F(cuEventCreate, cuEventCreate, PFN_cuEventCreate_v2000) \
-    _F(cuEventRecord, cuEventRecord, PFN_cuEventRecord_v2000) \
-    _F(cuEventSynchronize, cuEventSynchronize, PFN_cuEventSynchronize_v2000) \
-    _F(cuEventDestroy, cuEventDestroy_v2, PFN_cuEventDestroy_v4000)
+    _F(cuInit, cuInit, v2000) \
+    _F(cuDriverGetVersion, cuDriverGetVersion, v2020) \
+    _F(cuGetErrorName, cuGetErrorName, v6000) \
+    _F(cuDeviceGetCount, cuDeviceGetCount, v2000) \
+    _F(cuDeviceGet, cuDeviceGet, v2000) \
+    _F(cuDeviceGetAttribute, cuDeviceGetAttribute, v2000) \
+    _F(cuDevicePrimaryCtxRetain, cuDevicePrimaryCtxRetain, v7000) \
+    _F(cuDevicePrimaryCtxRelease, cuDevicePrimaryCtxRelease_v2, v11000) \
+    _F(cuCtxSetCurrent, cuCtxSetCurrent, v4000) \
+    _F(cuMemGetInfo, cuMemGetInfo_v2, v3020) \
+    _F(cuMemGetAllocationGranularity, cuMemGetAllocationGranularity, v10020) \
+    _F(cuMemAddressReserve, cuMemAddressReserve, v10020) \
+    _F(cuMemAddressFree, cuMemAddressFree, v10020) \
+    _F(cuMemCreate, cuMemCreate, v10020) \
+    _F(cuMemRelease, cuMemRelease, v10020) \
+    _F(cuMemMap, cuMemMap, v10020) \
+    _F(cuMemUnmap, cuMemUnmap, v10020) \
+    _F(cuMemSetAccess, cuMemSetAccess, v10020) \
+    _F(cuMemExportToShareableHandle, cuMemExportToShareableHandle, v10020) \
+    _F(cuMemImportFromShareableHandle, cuMemImportFromShareableHandle, v10020) \
+    _F(cuStreamCreate, cuStreamCreate, v2000) \
+    _F(cuStreamDestroy, cuStreamDestroy_v2, v4000) \
+    _F(cuStreamSynchronize, cuStreamSynchronize, v2000) \
+    _F(cuMemcpyAsync, cuMemcpyAsync, v4000) \
+    _F(cuEventCreate, cuEventCreate, v2000) \
+    _F(cuEventRecord, cuEventRecord, v2000) \
+    _F(cuEventSynchronize, cuEventSynchronize, v2000) \
+    _F(cuEventDestroy, cuEventDestroy_v2, v4000)
 
-#define EMA_CUDA_FIELD(_name, _abi, _type) _type _name;
+#define EMA_CUDA_FIELD(_name, _abi, _version) PFN_##_name##_##_version _name;
 typedef struct {
     void *lib;
     int   usable;  /* driver loaded, cuInit done, at least one device */

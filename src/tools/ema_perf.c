@@ -691,27 +691,28 @@ static void perf_ema_get(perf_t *p, size_t size)
 static const ucp_request_param_t perf_raw_param = {.op_attr_mask = 0};
 
 /* The op and the flush are issued back to back and waited for together:
- * the cheapest correct way to do op + flush with UCX. */
-static void perf_raw_put(perf_t *p, size_t size)
+ * the cheapest correct way to do op + flush with UCX.  @op is the op's
+ * request, @what the call that issued it. */
+static void perf_raw_flush_op(perf_t *p, ucs_status_ptr_t op, const char *what)
 {
-    ucs_status_ptr_t op = ucp_put_nbx(p->ep, p->buf, size, p->raddr, p->rkey, &perf_raw_param);
     if (UCS_PTR_IS_ERR(op)) {
-        perf_raw_wait(p, op, "ucp_put_nbx");
+        perf_raw_wait(p, op, what);
     }
     ucs_status_ptr_t fl = ucp_ep_flush_nbx(p->ep, &perf_raw_param);
-    perf_raw_wait(p, op, "ucp_put_nbx");
+    perf_raw_wait(p, op, what);
     perf_raw_wait(p, fl, "ucp_ep_flush_nbx");
+}
+
+static void perf_raw_put(perf_t *p, size_t size)
+{
+    perf_raw_flush_op(p, ucp_put_nbx(p->ep, p->buf, size, p->raddr, p->rkey, &perf_raw_param),
+                      "ucp_put_nbx");
 }
 
 static void perf_raw_get(perf_t *p, size_t size)
 {
-    ucs_status_ptr_t op = ucp_get_nbx(p->ep, p->buf, size, p->raddr, p->rkey, &perf_raw_param);
-    if (UCS_PTR_IS_ERR(op)) {
-        perf_raw_wait(p, op, "ucp_get_nbx");
-    }
-    ucs_status_ptr_t fl = ucp_ep_flush_nbx(p->ep, &perf_raw_param);
-    perf_raw_wait(p, op, "ucp_get_nbx");
-    perf_raw_wait(p, fl, "ucp_ep_flush_nbx");
+    perf_raw_flush_op(p, ucp_get_nbx(p->ep, p->buf, size, p->raddr, p->rkey, &perf_raw_param),
+                      "ucp_get_nbx");
 }
 
 /* The copy reference of put and get (cuda kind): the same bytes, device to
@@ -1259,6 +1260,24 @@ static double perf_move_setup(perf_t *p, const char *what, ema_win_h wc, char *c
     return us;
 }
 
+/* reclaim, prefetch, rank 0: the row's medians of @r repetitions, the copy
+ * reference's (samples[IMPL_RAW]) and @what's (samples[IMPL_EMA]); with
+ * --verbose, each repetition's figures too.  None where @r is 0. */
+static void perf_move_medians(perf_t *p, const char *what, size_t n, int r, perf_row_t *row)
+{
+    if (r <= 0) {
+        return;
+    }
+    if (p->o.verbose) {
+        for (int i = 0; i < r; i++) {
+            fprintf(stderr, "ema_perf: %s %zu, repetition %d: copy %.0f us, %s %.0f us\n", what,
+                    n, i, p->samples[IMPL_RAW][i], what, p->samples[IMPL_EMA][i]);
+        }
+    }
+    row->us[IMPL_EMA] = perf_median(p->samples[IMPL_EMA], (size_t)r);
+    row->us[IMPL_RAW] = perf_median(p->samples[IMPL_RAW], (size_t)r);
+}
+
 /*
  * reclaim of N bytes (rank 1 the lender, rank 0 the borrower):
  *  - rank 0: window B of all its free memory (its last N bytes touched),
@@ -1384,16 +1403,8 @@ static int perf_measure_reclaim(perf_t *p, int op_index, size_t size, perf_row_t
         }
     }
     row->n[IMPL_EMA] = row->n[IMPL_RAW] = (size_t)r;
-    if (p->rank == PERF_ORIGIN && r > 0) {
-        if (p->o.verbose) {
-            for (int i = 0; i < r; i++) {
-                fprintf(stderr, "ema_perf: reclaim %zu, repetition %d: copy %.0f us, "
-                        "reclaim %.0f us\n", n, i, p->samples[IMPL_RAW][i],
-                        p->samples[IMPL_EMA][i]);
-            }
-        }
-        row->us[IMPL_EMA] = perf_median(p->samples[IMPL_EMA], (size_t)r);
-        row->us[IMPL_RAW] = perf_median(p->samples[IMPL_RAW], (size_t)r);
+    if (p->rank == PERF_ORIGIN) {
+        perf_move_medians(p, "reclaim", n, r, row);
     }
     EMA_CHECK(ema_barrier());
     EMA_CHECK(ema_win_free(wc));
@@ -1576,17 +1587,7 @@ static int perf_measure_prefetch(perf_t *p, int op_index, size_t size, perf_row_
             EMA_CHECK(ema_win_grow(wb, bsize));
         }
         row->n[IMPL_EMA] = row->n[IMPL_RAW] = (size_t)r;
-        if (r > 0) {
-            if (p->o.verbose) {
-                for (int i = 0; i < r; i++) {
-                    fprintf(stderr, "ema_perf: prefetch %zu, repetition %d: copy %.0f us, "
-                            "prefetch %.0f us\n", n, i, p->samples[IMPL_RAW][i],
-                            p->samples[IMPL_EMA][i]);
-                }
-            }
-            row->us[IMPL_EMA] = perf_median(p->samples[IMPL_EMA], (size_t)r);
-            row->us[IMPL_RAW] = perf_median(p->samples[IMPL_RAW], (size_t)r);
-        }
+        perf_move_medians(p, "prefetch", n, r, row);
     }
     EMA_CHECK(ema_barrier()); /* rank 1 lends and progresses meanwhile */
     EMA_CHECK(ema_win_free(wc));

@@ -86,15 +86,8 @@ static void seq_end(corpus_t *c, const char *name)
 static ema_win_msg_t wmsg(uint32_t type, uint32_t win, int32_t part, uint32_t first,
                           uint32_t count, uint64_t token)
 {
-    ema_win_msg_t m;
-    memset(&m, 0, sizeof(m));
-    m.type   = type;
-    m.win_id = win;
-    m.part   = part;
-    m.first  = first;
-    m.count  = count;
-    m.token  = token;
-    return m;
+    return (ema_win_msg_t){.type  = type,  .win_id = win,   .part  = part,
+                           .first = first, .count  = count, .token = token};
 }
 
 static void win(corpus_t *c, const char *name, int32_t src, const ema_win_msg_t *m,
@@ -131,12 +124,7 @@ static void amo(corpus_t *c, const char *name, int32_t src, uint32_t tier, uint3
 static void pool(corpus_t *c, const char *name, int32_t src, uint32_t type, uint32_t count,
                  uint64_t token, uint64_t left, const void *payload, size_t plen)
 {
-    ema_pool_msg_t m;
-    memset(&m, 0, sizeof(m));
-    m.type  = type;
-    m.count = count;
-    m.token = token;
-    m.left  = left;
+    ema_pool_msg_t m = {.type = type, .count = count, .token = token, .left = left};
     emit(c, name, EMA_AM_POOL, src, &m, sizeof(m), payload, plen);
 }
 

@@ -12,6 +12,7 @@ rank's failure does not leave the others waiting in a barrier.
 import io
 import os
 import sys
+import time
 import unittest
 
 
@@ -20,6 +21,17 @@ def world_rank():
         if v in os.environ:
             return int(os.environ[v])
     return 0
+
+
+def poll(fn, limit=10.0):
+    """Wait until fn() is true (asynchronous state: prefetch, memory coming
+    back), at most limit seconds; whether it became true."""
+    end = time.monotonic() + limit
+    while not fn():
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.005)
+    return True
 
 
 class Case(unittest.TestCase):

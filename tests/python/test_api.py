@@ -33,16 +33,6 @@ def tearDownModule():
     ema.finalize()
 
 
-def poll(fn, limit=10.0):
-    """Wait until fn() is true (asynchronous state: prefetch)."""
-    end = time.monotonic() + limit
-    while not fn():
-        if time.monotonic() > end:
-            return False
-        time.sleep(0.005)
-    return True
-
-
 class TestStatus(unittest.TestCase):
     def test_every_status_maps_to_its_class_name_and_strerror(self):
         names = {v: k for k, v in _lib.STATUS_NAMES.items()}
@@ -405,7 +395,7 @@ class TestViews(harness.Case):
         n.read(0)
         pinned = w.view(6 * MiB, 2 * MiB, pin=True)
         w.prefetch(0, 10 * MiB)  # [8M, 10M) comes home; the pinned range stays
-        self.assertTrue(poll(lambda: w.stat().bytes_spilled == 2 * MiB), w.stat())
+        self.assertTrue(harness.poll(lambda: w.stat().bytes_spilled == 2 * MiB), w.stat())
         ev = n.read(1.0)
         self.assertEqual([(e.window, e.offset, e.nbytes) for e in ev], [(w, 8 * MiB, 2 * MiB)])
         time.sleep(0.05)
@@ -414,7 +404,7 @@ class TestViews(harness.Case):
         pinned.close()
         w.shrink(8 * MiB)  # frees [8M, 10M): room for the last 2M
         w.prefetch(0, 8 * MiB)
-        self.assertTrue(poll(lambda: w.stat().bytes_spilled == 0), w.stat())
+        self.assertTrue(harness.poll(lambda: w.stat().bytes_spilled == 0), w.stat())
         self.assertEqual(self.ema_get(0, 4 * MiB), self.data)
         self.assertEqual(self.ema_get(4 * MiB, 4 * MiB), tail[:4 * MiB])
         ev = n.read(1.0)

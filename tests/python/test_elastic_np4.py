@@ -53,12 +53,8 @@ def allgather(*words):
 
 
 def poll(fn, limit=20.0):
-    end = time.monotonic() + limit
-    while not fn():
-        if time.monotonic() > end:
-            return False
-        time.sleep(0.005)
-    return True
+    """harness.poll, with the longer limit of 4 ranks' migrations."""
+    return harness.poll(fn, limit)
 
 
 def settle():
@@ -69,11 +65,14 @@ def settle():
 
 
 class Grown:
-    """Rank 0's part of a new window: all of its free memory, then grown by
-    extra bytes (borrowed), filled with pattern(seed) through a numpy view.
-    The other ranks' parts are empty."""
+    """Rank 0's part of a new window, made once the memory of earlier ones
+    has come back: all of its free memory, then grown by extra bytes
+    (borrowed), filled with pattern(seed) through a numpy view.  The other
+    ranks' parts are empty.  L is the top lender, take what it can reclaim
+    (its free memory and what it lent)."""
 
     def __init__(self, case, extra, max_size, seed):
+        case.expect(settle(), "memory did not come back before the test")
         self.me = ema.rank()
         self.own = ema.mem_stat().bytes_free if self.me == 0 else 0
         self.win = ema.Window.allocate(self.own, max_size=max_size if self.me == 0 else None)
@@ -94,6 +93,7 @@ class Grown:
         self.own = words[0][2]  # rank 0's, known to all
         self.size = self.own + extra
         self.L = max(range(1, 4), key=lambda r: self.lent[r])  # the top lender
+        self.take = self.free[self.L] + self.lent[self.L]
         case.expect(sum(self.lent) == extra, "lent in all %s, expected %d", self.lent, extra)
 
     def check_owner(self, case, lo, hi, seed, what):
@@ -116,11 +116,18 @@ class Grown:
         ema.barrier()
         self.win.free()
 
+    def end(self, case):
+        """A case's end: the top lender releases the take it reclaimed (and
+        withholds), the window is freed, the expectations are asserted."""
+        if self.me == self.L:
+            ema.reclaim_release(self.take)
+        self.free_window()
+        case.assert_expectations()
+
 
 class TestElastic(harness.Case):
     def test_1_grow_reclaim_shrink_through_numpy_views(self):
         me = ema.rank()
-        self.expect(settle(), "memory did not come back before the test")
         g = Grown(self, 8 * SEG, 48 * MiB, seed=1)
         base0 = g.win.base
         ema.barrier()
@@ -141,11 +148,10 @@ class TestElastic(harness.Case):
 
         # the top lender takes back all it does not use; the data moves
         L = g.L
-        take = g.free[L] + g.lent[L]
         if me == L:
-            ema.reclaim(take, 10000)
+            ema.reclaim(g.take, 10000)
             st = ema.mem_stat()
-            self.expect(st.bytes_lent == 0 and st.bytes_withheld == take,
+            self.expect(st.bytes_lent == 0 and st.bytes_withheld == g.take,
                         "lender after its reclaim: %s", st)
         ema.barrier()
         if me == 0:
@@ -173,17 +179,12 @@ class TestElastic(harness.Case):
         if me != 0:
             g.check_remote(self, g.own, small, 2, "kept bytes, ema_get")
             self.expect(g.win.size(0) == small, "ema_win_size(0) = %d", g.win.size(0))
-        if me == L:
-            ema.reclaim_release(take)
-        g.free_window()
-        self.assert_expectations()
+        g.end(self)
 
     def test_2_pinned_view_holds_off_a_reclaim_until_closed(self):
         me = ema.rank()
-        self.expect(settle(), "memory did not come back before the test")
         g = Grown(self, 4 * SEG, 32 * MiB, seed=3)
         L = g.L
-        take = g.free[L] + g.lent[L]
         if me == 0:  # every borrowed byte pinned, as a kernel would need it
             pinned = g.win.view(g.own, 4 * SEG, "uint64", pin=True)
             arr = np.from_dlpack(pinned)  # a consumer's tensor holds the pin too
@@ -191,7 +192,7 @@ class TestElastic(harness.Case):
         if me == L:
             t0 = time.monotonic()
             try:
-                ema.reclaim(take, 300)
+                ema.reclaim(g.take, 300)
                 self.expect(False, "the reclaim of pinned memory succeeded")
             except ema.TimeoutError as e:
                 self.expect(e.name == "EMA_ERR_TIMEOUT", "%s", e)
@@ -217,10 +218,7 @@ class TestElastic(harness.Case):
         ema.barrier()
         if me == 0:
             g.check_owner(self, 0, g.size, 3, "after the deferred reclaim")
-        if me == L:
-            ema.reclaim_release(take)
-        g.free_window()
-        self.assert_expectations()
+        g.end(self)
 
     def test_3_events_reach_python_while_the_main_thread_waits_in_barrier(self):
         # Rank 0's main thread waits in ema_barrier while its reader thread
@@ -230,10 +228,8 @@ class TestElastic(harness.Case):
         # If the barrier held the GIL, the reader could not run: deadlock,
         # caught by the lender's 20 s limit (and mpirun --timeout).
         me = ema.rank()
-        self.expect(settle(), "memory did not come back before the test")
         g = Grown(self, 6 * SEG, 32 * MiB, seed=5)
         L = g.L
-        take = g.free[L] + g.lent[L]
         events, state = [], {"in_barrier": False, "stop": False}
         if me == 0:
             # with a hold: each move waits for the reader's ack (made from
@@ -263,7 +259,7 @@ class TestElastic(harness.Case):
             ema.barrier()  # the GIL is released in here
             state["in_barrier"] = False
         elif me == L:
-            ema.reclaim(take, 10000)
+            ema.reclaim(g.take, 10000)
             signalled = poll(lambda: ctl.fetch_add(L, CTL_FLAG, 0) > 0)
             self.expect(signalled, "rank 0's Python thread never signalled: GIL held in "
                         "ema_barrier?")
@@ -287,10 +283,7 @@ class TestElastic(harness.Case):
             g.check_owner(self, 0, g.size, 5, "after the reclaim")
             n.unwatch(g.win)
         ema.barrier()
-        if me == L:
-            ema.reclaim_release(take)
-        g.free_window()
-        self.assert_expectations()
+        g.end(self)
 
 
 def reduce_or(mask):

@@ -8,6 +8,7 @@
 #include <ema.h>
 
 #include "check_main.h"
+#include "win_check.h"
 
 #include <check.h>
 #include <limits.h>
@@ -342,18 +343,10 @@ END_TEST
 
 /* --- window allocation --------------------------------------------------- */
 
-static void assert_whole_capacity_free(void)
-{
-    void *b;
-    ema_win_h w;
-    ck_assert_int_eq(ema_win_allocate(CAPACITY, NULL, &b, &w), EMA_SUCCESS);
-    ck_assert_int_eq(ema_win_free(w), EMA_SUCCESS);
-}
-
 /* The whole capacity is free again; then ema_finalize. */
 static void finish_capacity_free(void)
 {
-    assert_whole_capacity_free();
+    ema_check_capacity_free(CAPACITY);
     ck_assert_int_eq(ema_finalize(), EMA_SUCCESS);
 }
 
@@ -385,7 +378,7 @@ EMA_TEST("windows", test_win_allocate_unknown_field_mask_or_small_max_size_rejec
     ck_assert_int_eq(ema_win_allocate(4096, &p, &b, &w), EMA_ERR_INVALID_PARAM);
     ck_assert_ptr_eq(b, (void *)BAD_WIN);
     ck_assert_ptr_eq(w, BAD_WIN);
-    assert_whole_capacity_free();
+    ema_check_capacity_free(CAPACITY);
     p.max_size = 8 * SEG; /* max_size >= size is fine */
     ck_assert_int_eq(ema_win_allocate(4096, &p, &b, &w), EMA_SUCCESS);
     size_t sz = 0;

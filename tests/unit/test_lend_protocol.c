@@ -114,11 +114,7 @@ static int tamper;
 static void send_raw(int from, int to, uint32_t type, uint32_t count, const uint32_t *segs,
                      uint32_t npayload, uint64_t left)
 {
-    ema_pool_msg_t m;
-    memset(&m, 0, sizeof(m));
-    m.type  = type;
-    m.count = count;
-    m.left  = left;
+    ema_pool_msg_t m = {.type = type, .count = count, .left = left};
     ck_assert_int_eq(ema__pool_send(&side[from].pool, to, &m, segs,
                                     (size_t)npayload * sizeof(uint32_t)),
                      EMA_SUCCESS);

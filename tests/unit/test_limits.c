@@ -17,6 +17,7 @@
 
 #include "check_main.h"
 #include "log_capture.h"
+#include "win_check.h"
 
 #include <check.h>
 #include <fcntl.h>
@@ -80,15 +81,6 @@ static void assert_init_refused(const char *var, const char *val)
     assert_not_initialised();
 }
 
-/* The whole capacity is still free: one window of all of it fits. */
-static void assert_capacity_free(void)
-{
-    void *b;
-    ema_win_h w;
-    ck_assert_int_eq(ema_win_allocate(CAP, NULL, &b, &w), EMA_SUCCESS);
-    ck_assert_int_eq(ema_win_free(w), EMA_SUCCESS);
-}
-
 static void assert_not_initialised(void)
 {
     int r = 4242;
@@ -122,7 +114,7 @@ EMA_TEST("win_allocate", test_win_allocate_over_segment_limit_rejected_with_one_
         ck_assert_ptr_eq(b, SENTINEL);
         ck_assert_ptr_eq(w, SENTINEL);
     }
-    assert_capacity_free();
+    ema_check_capacity_free(CAP);
     ck_assert_int_eq(ema_finalize(), EMA_SUCCESS);
 }
 END_TEST
@@ -149,7 +141,7 @@ EMA_TEST("win_allocate", test_win_allocate_at_segment_limit_works_to_its_end)
     ck_assert_int_eq(ema_win_acquire(w, max - 4096, 4096), EMA_ERR_RANGE);
     ck_assert_int_eq(ema_win_shrink(w, 4096), EMA_SUCCESS);
     ck_assert_int_eq(ema_win_free(w), EMA_SUCCESS);
-    assert_capacity_free();
+    ema_check_capacity_free(CAP);
     ck_assert_int_eq(ema_finalize(), EMA_SUCCESS);
 }
 END_TEST
@@ -199,7 +191,7 @@ EMA_TEST("init", test_init_host_memory_above_machine_refused_then_init_works)
     assert_not_initialised();
 
     ck_assert_int_eq(ema_init(NULL), EMA_SUCCESS);
-    assert_capacity_free();
+    ema_check_capacity_free(CAP);
     ck_assert_int_eq(ema_finalize(), EMA_SUCCESS);
 }
 END_TEST
@@ -244,7 +236,7 @@ EMA_TEST("init", test_init_lend_reserve_over_capacity_lends_nothing_and_8192T_re
     ck_assert_int_eq(ema_mem_stat(&m), EMA_SUCCESS);
     ck_assert_uint_eq(m.capacity, CAP);
     ck_assert_uint_eq(m.reserve, CAP);
-    assert_capacity_free();
+    ema_check_capacity_free(CAP);
     ck_assert_int_eq(ema_finalize(), EMA_SUCCESS);
 }
 END_TEST

@@ -133,6 +133,17 @@ class Buffer:
         self.release()
 
 
+class _Closing:
+    """``with`` closes it on exit: the objects whose end is close()
+    (views.View, notify.ReclaimNotifier)."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
 # --------------------------------------------------------------------------
 # The world
 # --------------------------------------------------------------------------
@@ -560,28 +571,25 @@ class Window:
     def put_nb(self, rank, offset, buf):
         """ema_put_nb(3): start a put; returns a Request.  buf must not
         change before the request completes."""
-        b = Buffer(buf, writable=False)
-        req = ctypes.c_void_p()
-        try:
-            check(_L.ema_put_nb(self._handle(), _rank(rank), parse_size(offset, "offset"),
-                                b.addr, b.nbytes, ctypes.byref(req)), "ema_put_nb")
-        except BaseException:
-            b.release()
-            raise
-        return Request(req.value, b, "put")
+        return self._start_nb(_L.ema_put_nb, "put", rank, offset, Buffer(buf, writable=False))
 
     def get_nb(self, rank, offset, out):
         """ema_get_nb(3): start a get into the writable buffer out; returns a
         Request.  out holds the data once it completes."""
-        b = Buffer(out, writable=True)
+        return self._start_nb(_L.ema_get_nb, "get", rank, offset, Buffer(out, writable=True))
+
+    def _start_nb(self, fn, what, rank, offset, b):
+        """fn, ema_put_nb or ema_get_nb (what: "put" or "get"), on the held
+        Buffer b: a Request that keeps b until it completes, or b released
+        and the error raised."""
         req = ctypes.c_void_p()
         try:
-            check(_L.ema_get_nb(self._handle(), _rank(rank), parse_size(offset, "offset"),
-                                b.addr, b.nbytes, ctypes.byref(req)), "ema_get_nb")
+            check(fn(self._handle(), _rank(rank), parse_size(offset, "offset"), b.addr, b.nbytes,
+                     ctypes.byref(req)), "ema_%s_nb" % what)
         except BaseException:
             b.release()
             raise
-        return Request(req.value, b, "get")
+        return Request(req.value, b, what)
 
     def flush(self, rank):
         """ema_win_flush(3): complete at rank every put and get this rank

@@ -57,7 +57,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from . import _lib
-from .core import Window, check
+from .core import Window, _Closing, check
 from .errors import EmaError
 
 _REC = struct.Struct("=QQQQQQ")  # magic, seq, token, win, offset, len (_notify.c)
@@ -110,7 +110,7 @@ class ReclaimEvent:
         return view.window is self.window and view.overlaps(self.offset, self.nbytes)
 
 
-class ReclaimNotifier:
+class ReclaimNotifier(_Closing):
     """The reclaim-event queue.  mode: None (pipe where _notify.so is
     found, else poll), "pipe" or "poll".  In pipe mode there is one queue
     per process (the helper's pipe), so every call returns the same object;
@@ -318,12 +318,6 @@ class ReclaimNotifier:
             os.close(self._rfd)
             os.close(self._wfd)
         self._closed = True
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
     def __repr__(self):
         return "<ema.ReclaimNotifier %s fd %d, %d watched>" % (self.mode, self._rfd,

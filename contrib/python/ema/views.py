@@ -38,7 +38,7 @@ import functools
 from collections import namedtuple
 
 from . import _lib
-from .core import MemoryKind, _State, check, is_initialized, parse_size
+from .core import MemoryKind, _Closing, _State, check, is_initialized, parse_size
 from .errors import RangeError
 
 # --------------------------------------------------------------------------
@@ -241,7 +241,7 @@ def _export(view, versioned):
 # --------------------------------------------------------------------------
 
 
-class View:
+class View(_Closing):
     """A range of this rank's own window part (Window.view()).
 
     Attributes: window, offset, nbytes, dtype (a DType), shape, ptr (the
@@ -295,12 +295,6 @@ class View:
     def _window_gone(self):
         self._closed = True
         self.pinned = False
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
     def __del__(self):
         if getattr(self, "pinned", False):

@@ -412,6 +412,46 @@ class TestViews(harness.Case):
         n.unwatch(w)
 
 
+    def test_policy_keeps_the_groups_ahead_local(self):
+        # 4M of data + 8M more: 8M local, [8M, 12M) spills; 6 groups of 2M
+        w = self.win
+        w.grow(12 * MiB)
+        tail = os.urandom(8 * MiB)
+        w.put(0, 4 * MiB, tail)
+        w.flush(0)
+        self.assertEqual(w.stat().bytes_spilled, 4 * MiB)
+        groups = [(g * 2 * MiB, 2 * MiB) for g in range(6)]
+        for cls, fn in [
+                (ema.StateError, lambda: w.advance(0)),  # no policy yet
+                (ema.InvalidParamError, lambda: w.set_policy([(0, 2 * MiB), (MiB, 2 * MiB)])),
+                (ema.InvalidParamError, lambda: w.set_policy(groups, depth=7)),
+                (ema.RangeError, lambda: w.set_policy([(11 * MiB, 2 * MiB)]))]:
+            with self.assertRaises(cls):
+                fn()
+        for bad in (lambda: w.set_policy(groups, depth=0), lambda: w.set_policy([(0,)]),
+                    lambda: w.advance(-1)):
+            with self.assertRaises((ValueError, TypeError)):
+                bad()
+        self.assertEqual(w.policy_stat().count, 0)  # the failed calls set nothing
+        w.set_policy(groups, depth=2)
+        st = w.policy_stat()
+        self.assertEqual((st.count, st.depth, st.group), (6, 2, None))
+        w.advance(3)  # groups 4 and 5, [8M, 12M), come home; groups behind go out
+        self.assertTrue(harness.poll(lambda: w.policy_stat().bytes_ahead_local == 4 * MiB),
+                        w.policy_stat())
+        st = w.policy_stat()
+        self.assertEqual((st.group, st.bytes_ahead), (3, 4 * MiB))
+        self.assertGreaterEqual(st.bytes_prefetched, 4 * MiB)
+        self.assertGreaterEqual(st.bytes_evicted, 4 * MiB)
+        self.assertEqual(w.stat().bytes_spilled, 4 * MiB)  # as much as before, elsewhere
+        self.assertEqual(self.ema_get(0, 4 * MiB), self.data)
+        self.assertEqual(self.ema_get(4 * MiB, 8 * MiB), tail)
+        w.set_policy(None)
+        self.assertEqual(w.policy_stat().count, 0)
+        with self.assertRaises(ema.StateError):
+            w.advance(0)
+
+
 class TestNotifier(unittest.TestCase):
     """Moves in a world of one: a shrink that brings spilled segments home
     calls the reclaim callback on the calling thread (ema_win_set_reclaim_cb(3))."""

@@ -24,7 +24,7 @@ folders (., build/, build-gpu/: .libs/libema.so.0), then the system's
 """
 
 from . import _lib
-from .core import (Buffer, MemoryKind, MemStat, Request, Window, WinStat, World,
+from .core import (Buffer, MemoryKind, MemStat, PolicyStat, Request, Window, WinStat, World,
                    barrier, config_text, finalize, info_text, init, is_initialized, mem_stat,
                    memory_kind, parse_size, progress, rank, reclaim, reclaim_release, size,
                    version)
@@ -46,7 +46,8 @@ __all__ = [
     "init", "finalize", "is_initialized", "rank", "size", "memory_kind", "barrier", "progress",
     "version", "config_text", "info_text", "reclaim", "reclaim_release", "mem_stat",
     "parse_size", "World", "Window", "win_allocate", "Request", "Buffer", "MemoryKind",
-    "WinStat", "MemStat", "View", "CudaView", "DType", "DTYPES", "dtype_of", "ReclaimNotifier",
+    "WinStat", "MemStat", "PolicyStat",
+    "View", "CudaView", "DType", "DTYPES", "dtype_of", "ReclaimNotifier",
     "ReclaimEvent", "EmaError", "ERRORS", "STATUS_NAMES", "check", "strerror",
     "TIMEOUT_INFINITE", "library_path",
 ] + [cls.__name__ for cls in ERRORS.values()]

@@ -117,6 +117,12 @@ INIT_PARAM_FIELD_MEMORY_KIND = 1 << 0
 INIT_PARAM_FIELD_DEVICE_MEMORY = 1 << 1
 INIT_PARAM_FIELD_SEGMENT_SIZE = 1 << 2
 WIN_PARAM_FIELD_MAX_SIZE = 1 << 0
+WIN_POLICY_PARAM_FIELD_RANGES = 1 << 0
+WIN_POLICY_PARAM_FIELD_DEPTH = 1 << 1
+WIN_POLICY_PARAM_FIELD_FLAGS = 1 << 2
+WIN_POLICY_FLAG_CYCLIC = 1 << 0
+WIN_POLICY_FLAG_NO_EVICT = 1 << 1
+WIN_POLICY_NO_GROUP = ctypes.c_size_t(-1).value
 
 TIMEOUT_INFINITE = (1 << 64) - 1
 
@@ -141,6 +147,24 @@ class InitParams(ctypes.Structure):
 
 class WinParams(ctypes.Structure):
     _fields_ = [("field_mask", c_uint64), ("max_size", c_size_t)]
+
+
+class WinRange(ctypes.Structure):
+    _fields_ = [("offset", c_size_t), ("length", c_size_t)]
+
+
+class WinPolicyParams(ctypes.Structure):
+    _fields_ = [("field_mask", c_uint64), ("ranges", ctypes.POINTER(WinRange)),
+                ("count", c_size_t), ("depth", ctypes.c_uint), ("flags", ctypes.c_uint)]
+
+
+# ema_win_policy_stat_t came after the field_mask change: one layout only.
+WIN_POLICY_STAT_FIELDS = [
+    ("count", c_size_t), ("depth", ctypes.c_uint), ("group", c_size_t),
+    ("bytes_ahead", c_size_t), ("bytes_ahead_local", c_size_t),
+    ("bytes_prefetched", c_uint64), ("bytes_evicted", c_uint64),
+    ("skipped_held", c_uint64), ("deferred", c_uint64), ("runs", c_uint64),
+]
 
 
 # The statistics structures: their data fields, in ema.h's order.  THE place
@@ -172,6 +196,9 @@ _ROOM_TAIL = [("reserved", c_uint64 * 8)]
 def _struct(name, fields):
     return type(name, (ctypes.Structure,), {"_fields_": fields})
 
+
+WinPolicyStat = _struct("WinPolicyStat",
+                        _ROOM_HEAD + WIN_POLICY_STAT_FIELDS + [("reserved", c_uint64 * 8)])
 
 STAT_LAYOUTS = {
     "plain": (_struct("WinStat", WIN_STAT_FIELDS), _struct("MemStat", MEM_STAT_FIELDS)),
@@ -242,6 +269,9 @@ _PROTOS = {
     "ema_win_acquire": (_st, [_vp, c_size_t, c_size_t]),
     "ema_win_release": (_st, [_vp, c_size_t, c_size_t]),
     "ema_win_prefetch": (_st, [_vp, c_size_t, c_size_t]),
+    "ema_win_set_policy": (_st, [_vp, _vp]),
+    "ema_win_advance": (_st, [_vp, c_size_t]),
+    "ema_win_policy_stat": (_st, [_vp, _vp]),
     # the stat structures' layout is chosen at run time: pass a void pointer
     "ema_win_stat": (_st, [_vp, _vp]),
     "ema_mem_stat": (_st, [_vp]),

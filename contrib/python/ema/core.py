@@ -358,6 +358,12 @@ MemStat = _stat_dataclass(
     "field_mask is the bits of the fields written where ema.h has it, else None.")
 
 
+PolicyStat = _stat_dataclass(
+    "PolicyStat", _lib.WIN_POLICY_STAT_FIELDS,
+    "ema_win_policy_stat_t: a window part's prefetch policy and what it did "
+    "(ema_win_policy_stat(3)); group is None before the first advance().")
+
+
 def mem_stat():
     """ema_mem_stat(3): a MemStat snapshot of this rank's memory."""
     _lib.detect_stat_layout()
@@ -638,6 +644,54 @@ class Window:
         own memory; returns at once."""
         check(_L.ema_win_prefetch(self._handle(), parse_size(offset, "offset"),
                                   parse_size(nbytes, "nbytes")), "ema_win_prefetch")
+
+    def set_policy(self, ranges, depth=1, cyclic=False, evict=True):
+        """ema_win_set_policy(3): the order in which this rank walks its part,
+        as (offset, length) groups, e.g. one per layer group; the progress
+        engine keeps the depth groups after the current one local, moving
+        groups behind the walk out only where local memory is short (never
+        with evict=False).  cyclic: after the last group comes the first.
+        ranges=None or [] removes the policy.  Never moves held ranges
+        (acquire(), pinned views)."""
+        if ranges is None or len(ranges) == 0:
+            check(_L.ema_win_set_policy(self._handle(), None), "ema_win_set_policy")
+            return
+        arr = (_lib.WinRange * len(ranges))()
+        for i, r in enumerate(ranges):
+            try:
+                off, length = r
+            except (TypeError, ValueError):
+                raise TypeError("ranges[%d] must be an (offset, length) pair, not %r" % (i, r))
+            arr[i].offset = parse_size(off, "offset")
+            arr[i].length = parse_size(length, "length")
+        if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
+            raise ValueError("depth must be an int of at least 1, not %r" % (depth,))
+        p = _lib.WinPolicyParams()
+        p.field_mask = (_lib.WIN_POLICY_PARAM_FIELD_RANGES | _lib.WIN_POLICY_PARAM_FIELD_DEPTH |
+                        _lib.WIN_POLICY_PARAM_FIELD_FLAGS)
+        p.ranges = arr
+        p.count = len(ranges)
+        p.depth = depth
+        p.flags = ((_lib.WIN_POLICY_FLAG_CYCLIC if cyclic else 0) |
+                   (0 if evict else _lib.WIN_POLICY_FLAG_NO_EVICT))
+        check(_L.ema_win_set_policy(self._handle(), ctypes.byref(p)), "ema_win_set_policy")
+
+    def advance(self, group):
+        """ema_win_advance(3): this rank now works on group `group` of the
+        policy; returns at once (the progress engine does the moves)."""
+        if isinstance(group, bool) or not isinstance(group, int) or group < 0:
+            raise ValueError("group must be a non-negative int, not %r" % (group,))
+        check(_L.ema_win_advance(self._handle(), group), "ema_win_advance")
+
+    def policy_stat(self):
+        """ema_win_policy_stat(3): a PolicyStat of this part's policy."""
+        st = _lib.WinPolicyStat()
+        check(_L.ema_win_policy_stat(self._handle(), ctypes.byref(st)), "ema_win_policy_stat")
+        ps = _to_dataclass(PolicyStat, st)
+        if ps.group == _lib.WIN_POLICY_NO_GROUP:
+            from dataclasses import replace
+            ps = replace(ps, group=None)
+        return ps
 
     def view(self, offset=0, nbytes=None, dtype=None, pin=False, shape=None):
         """A View of [offset, offset+nbytes) of this rank's own part, with

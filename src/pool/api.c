@@ -49,12 +49,9 @@ EMA_EXPORT ema_status_t ema_reclaim_release(size_t bytes)
 
 EMA_EXPORT ema_status_t ema_mem_stat(ema_mem_stat_t *stat_p)
 {
-    ema_status_t status = ema__check_ready();
+    ema_status_t status = ema__check_ready_out(stat_p);
     if (status != EMA_SUCCESS) {
         return status;
-    }
-    if (stat_p == NULL) {
-        return EMA_ERR_INVALID_PARAM;
     }
     /* field_mask as in ema_win_stat: output only, every field filled */
     const uint64_t known = EMA_MEM_STAT_FIELD_CAPACITY | EMA_MEM_STAT_FIELD_RESERVE |

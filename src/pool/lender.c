@@ -69,6 +69,12 @@ static void ema_pool_grant(ema__pool_t *pool, int src, const ema_pool_msg_t *req
  * pool->lock): marks the segments already checked, so a repeat shows. */
 #define EMA_POOL_TAKING ((int16_t)-2)
 
+/* Segment @s of the arena is lent to rank @src (under pool->lock). */
+static int seg_lent_to(const ema__pool_t *pool, uint32_t s, int src)
+{
+    return s < pool->arena->pool.nsegs && pool->lent_to[s] == src;
+}
+
 ema_status_t ema__pool_take_back(ema__pool_t *pool, int src, uint32_t count,
                                  const uint32_t *segs)
 {
@@ -77,12 +83,8 @@ ema_status_t ema__pool_take_back(ema__pool_t *pool, int src, uint32_t count,
 
     pthread_mutex_lock(&pool->lock);
     /* every segment first: lent to the sender, once; else nothing changes */
-    for (i = 0; i < count; i++) {
-        uint32_t s = segs[i];
-        if (s >= pool->arena->pool.nsegs || pool->lent_to[s] != src) {
-            break;
-        }
-        pool->lent_to[s] = EMA_POOL_TAKING;
+    for (i = 0; i < count && seg_lent_to(pool, segs[i], src); i++) {
+        pool->lent_to[segs[i]] = EMA_POOL_TAKING;
     }
     if (i < count) {
         uint32_t bad = segs[i];
@@ -119,11 +121,9 @@ void ema__pool_refused(ema__pool_t *pool, int src, uint32_t count, const uint32_
     uint32_t i;
 
     pthread_mutex_lock(&pool->lock);
-    for (i = 0; i < count; i++) {
-        uint32_t s = segs[i];
-        if (s >= pool->arena->pool.nsegs || pool->lent_to[s] != src) {
-            break;
-        }
+    i = 0;
+    while (i < count && seg_lent_to(pool, segs[i], src)) {
+        i++;
     }
     if (i < count) {
         uint32_t bad = segs[i];

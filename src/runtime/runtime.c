@@ -541,28 +541,20 @@ EMA_EXPORT ema_status_t ema_finalize(void)
 
 EMA_EXPORT ema_status_t ema_world_rank(int *rank_p)
 {
-    ema_status_t status = ema__check_ready();
-    if (status != EMA_SUCCESS) {
-        return status;
+    ema_status_t status = ema__check_ready_out(rank_p);
+    if (status == EMA_SUCCESS) {
+        *rank_p = ema_world.boot.rank;
     }
-    if (rank_p == NULL) {
-        return EMA_ERR_INVALID_PARAM;
-    }
-    *rank_p = ema_world.boot.rank;
-    return EMA_SUCCESS;
+    return status;
 }
 
 EMA_EXPORT ema_status_t ema_world_size(int *size_p)
 {
-    ema_status_t status = ema__check_ready();
-    if (status != EMA_SUCCESS) {
-        return status;
+    ema_status_t status = ema__check_ready_out(size_p);
+    if (status == EMA_SUCCESS) {
+        *size_p = ema_world.boot.size;
     }
-    if (size_p == NULL) {
-        return EMA_ERR_INVALID_PARAM;
-    }
-    *size_p = ema_world.boot.size;
-    return EMA_SUCCESS;
+    return status;
 }
 
 EMA_EXPORT ema_status_t ema_barrier(void)

@@ -1855,6 +1855,15 @@ static void perf_print_header(perf_t *p, unsigned opmask)
     }
 }
 
+/* The column names of an op's own table: its time and rate, the
+ * reference's time and rate, and what it counts (iterations or reps). */
+static void perf_print_op_columns(int opw, const char *t, const char *gbs, const char *ref_t,
+                                  const char *ref_gbs, const char *n)
+{
+    printf("%-*s %8s %10s %9s %10s %9s %7s %7s %4s\n", opw, "op", "size", t, gbs, ref_t, ref_gbs,
+           "ratio", n, "goal");
+}
+
 /* Table only: what the rows of borrow and reclaim mean. */
 static void perf_print_op_header(perf_t *p, const char *op)
 {
@@ -1865,31 +1874,27 @@ static void perf_print_op_header(perf_t *p, const char *op)
         printf("# borrow: ema_win_grow by one segment on rank 0, whose own memory is full, so\n"
                "#   the segment comes from rank 1; ema_us = median grow time, size = segment\n"
                "#   size, no reference ('-'); goal: ema_us <= 100\n");
-        printf("%-7s %8s %10s %9s %10s %9s %7s %7s %4s\n", "op", "size", "ema_us", "ema_GB/s",
-               "ucx_us", "ucx_GB/s", "ratio", "iters", "goal");
+        perf_print_op_columns(7, "ema_us", "ema_GB/s", "ucx_us", "ucx_GB/s", "iters");
     } else if (strcmp(op, "reclaim") == 0) {
         printf("# reclaim: rank 1 takes back size bytes lent to rank 0 (ema_reclaim); rank 0\n"
                "#   migrates them to its own free, resident memory.  copy: the reference (in\n"
                "#   the CSV's ucx columns), memcpy of size bytes from rank 1's memory to rank\n"
                "#   0's, both mapped and resident, same run, interleaved.  ratio = copy_us /\n"
                "#   reclaim_us; goal: reclaim_us <= 1.25 * copy_us + 1000\n");
-        printf("%-7s %8s %10s %9s %10s %9s %7s %7s %4s\n", "op", "size", "reclaim_us",
-               "GB/s", "copy_us", "copy_GB/s", "ratio", "reps", "goal");
+        perf_print_op_columns(7, "reclaim_us", "GB/s", "copy_us", "copy_GB/s", "reps");
     } else if (strcmp(op, "prefetch") == 0) {
         printf("# prefetch: rank 0's window of size bytes, all borrowed from rank 1; rank 0\n"
                "#   frees as much of its own memory and times ema_win_prefetch until the\n"
                "#   window is all local.  copy: as for reclaim.  ratio = copy_us /\n"
                "#   prefetch_us; goal: ratio >= 0.9\n");
-        printf("%-8s %8s %10s %9s %10s %9s %7s %7s %4s\n", "op", "size", "prefetch_us",
-               "GB/s", "copy_us", "copy_GB/s", "ratio", "reps", "goal");
+        perf_print_op_columns(8, "prefetch_us", "GB/s", "copy_us", "copy_GB/s", "reps");
     } else if (strcmp(op, "kernel") == 0) {
         printf("# kernel: one pass that reads and writes every word of a window of size\n"
                "#   bytes on rank 0, half of it borrowed from rank 1 (ema_us), against the\n"
                "#   same pass over an all-local window (local_us, the CSV's ucx columns);\n"
                "#   %s; ratio = local_us / ema_us; goal: ratio >= 0.97\n",
                p->gpu ? "a CUDA kernel timed with CUDA events" : "a CPU loop, wall clock");
-        printf("%-7s %8s %10s %9s %10s %9s %7s %7s %4s\n", "op", "size", "ema_us",
-               "ema_GB/s", "local_us", "loc_GB/s", "ratio", "reps", "goal");
+        perf_print_op_columns(7, "ema_us", "ema_GB/s", "local_us", "loc_GB/s", "reps");
     }
 }
 

@@ -21,6 +21,14 @@ static inline ema_status_t ema__check_ready(void)
                : EMA_ERR_STATE;
 }
 
+/* ema__check_ready(), for a call that fills *@out: EMA_ERR_INVALID_PARAM
+ * for a NULL @out. */
+static inline ema_status_t ema__check_ready_out(const void *out)
+{
+    ema_status_t status = ema__check_ready();
+    return (status == EMA_SUCCESS && out == NULL) ? EMA_ERR_INVALID_PARAM : status;
+}
+
 /* @st is EMA_SUCCESS or an error code ema_strerror knows (util/status.c):
  * for statuses a peer sends (an atomic's result, an allocation's verdict). */
 int ema__status_known_error(int32_t st);

@@ -391,12 +391,9 @@ EMA_EXPORT ema_status_t ema_win_prefetch(ema_win_h win, size_t offset, size_t le
 
 EMA_EXPORT ema_status_t ema_win_stat(ema_win_h win, ema_win_stat_t *stat_p)
 {
-    ema_status_t status = ema__win_check_live(win);
+    ema_status_t status = ema__win_check_live_out(win, stat_p);
     if (status != EMA_SUCCESS) {
         return status;
-    }
-    if (stat_p == NULL) {
-        return EMA_ERR_INVALID_PARAM;
     }
     /* field_mask is output only: every field this version knows is filled
      * and named there, whatever the caller left in it (an uninitialised

@@ -515,12 +515,9 @@ EMA_EXPORT ema_status_t ema_win_advance(ema_win_h win, size_t group)
 
 EMA_EXPORT ema_status_t ema_win_policy_stat(ema_win_h win, ema_win_policy_stat_t *stat_p)
 {
-    ema_status_t status = ema__win_check_live(win);
+    ema_status_t status = ema__win_check_live_out(win, stat_p);
     if (status != EMA_SUCCESS) {
         return status;
-    }
-    if (stat_p == NULL) {
-        return EMA_ERR_INVALID_PARAM;
     }
     ema__win_ctx_t *ctx   = win->ctx;
     ema__win_part_t *part = &win->parts[ctx->rank];

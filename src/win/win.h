@@ -454,6 +454,14 @@ static inline ema_status_t ema__win_check_live(ema_win_h win)
     return (status != EMA_SUCCESS) ? status : ema__win_check(win);
 }
 
+/* ema__win_check_live(), for a call that fills *@out: EMA_ERR_INVALID_PARAM
+ * for a NULL @out. */
+static inline ema_status_t ema__win_check_live_out(ema_win_h win, const void *out)
+{
+    ema_status_t status = ema__win_check_live(win);
+    return (status == EMA_SUCCESS && out == NULL) ? EMA_ERR_INVALID_PARAM : status;
+}
+
 /* --- segment tables (win/segment_table.c) -------------------------------- */
 
 /* The functions on @win's own part (map, move, unmap) require win->lock. */

@@ -18,6 +18,8 @@
  */
 #include <ema.h>
 
+#include "../mpi/common.h" /* T_EXPECT */
+
 #include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
@@ -29,19 +31,9 @@
 
 #define SEG (1u << 20)
 static const size_t part_size[3] = {2 * SEG, 12 * SEG, 8 * SEG};
-static int rank, failures;
+static int rank;
 static const char *scenario;
 static ema_win_h win;
-
-#define CHECK(_c, ...)                                                                   \
-    do {                                                                                 \
-        if (!(_c)) {                                                                     \
-            fprintf(stderr, "FAIL rank %d %s: %s: ", rank, scenario, #_c);               \
-            fprintf(stderr, __VA_ARGS__);                                                \
-            fprintf(stderr, " (%s:%d)\n", __FILE__, __LINE__);                           \
-            failures++;                                                                  \
-        }                                                                                \
-    } while (0)
 
 static double now_s(void)
 {
@@ -111,18 +103,18 @@ static int verify(int r)
         if (st == EMA_ERR_PEER_LOST) {
             uint64_t old;
             lost++;
-            CHECK(ema_put(win, r, s * SEG, buf, 8) == EMA_ERR_PEER_LOST, "put, segment %zu of "
+            T_EXPECT(ema_put(win, r, s * SEG, buf, 8) == EMA_ERR_PEER_LOST, "put, segment %zu of "
                   "rank %d", s, r);
-            CHECK(ema_fetch_add(win, r, s * SEG, 1, &old) == EMA_ERR_PEER_LOST,
+            T_EXPECT(ema_fetch_add(win, r, s * SEG, 1, &old) == EMA_ERR_PEER_LOST,
                   "atomic, segment %zu of rank %d", s, r);
             continue;
         }
-        CHECK(st == EMA_SUCCESS, "get of segment %zu of rank %d: %s", s, r, ema_strerror(st));
+        T_EXPECT(st == EMA_SUCCESS, "get of segment %zu of rank %d: %s", s, r, ema_strerror(st));
         size_t bad = 0;
         for (size_t o = 0; st == EMA_SUCCESS && o < SEG; o++) {
             bad += buf[o] != pattern(r, s * SEG + o);
         }
-        CHECK(bad == 0, "%zu bytes differ in segment %zu of rank %d", bad, s, r);
+        T_EXPECT(bad == 0, "%zu bytes differ in segment %zu of rank %d", bad, s, r);
     }
     free(buf);
     return lost;
@@ -160,6 +152,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "FAIL: ema_init, or a world not of 3\n");
         return 1;
     }
+    ema_t_rank    = rank; /* for T_EXPECT's lines */
+    ema_t_current = scenario;
     victim = (!strcmp(scenario, "lender") || !strcmp(scenario, "reclaim")) ? 0
              : (!strcmp(scenario, "collective")) ? 2 : 1;
     ema_win_params_t wp = {.field_mask = EMA_WIN_PARAM_FIELD_MAX_SIZE, .max_size = 16 * SEG};
@@ -210,10 +204,10 @@ int main(int argc, char **argv)
         /* recall what rank 1 borrowed; it dies moving it: the memory is
          * back all the same */
         ema_status_t st = ema_reclaim(6 * SEG, 60000);
-        CHECK(st == EMA_SUCCESS, "ema_reclaim while the borrower died: %s", ema_strerror(st));
+        T_EXPECT(st == EMA_SUCCESS, "ema_reclaim while the borrower died: %s", ema_strerror(st));
     } else if (!strcmp(scenario, "collective")) {
         ema_status_t st = ema_barrier();
-        CHECK(st == EMA_ERR_PEER_LOST, "ema_barrier: %s", ema_strerror(st));
+        T_EXPECT(st == EMA_ERR_PEER_LOST, "ema_barrier: %s", ema_strerror(st));
     } else {
         while (kill_time() == 0 && now_s() - t0 < 60) {
             ema_progress();
@@ -221,7 +215,7 @@ int main(int argc, char **argv)
         }
     }
     double tk = kill_time();
-    CHECK(tk > 0, "the victim never died");
+    T_EXPECT(tk > 0, "the victim never died");
     /* every call that needs the victim fails, promptly */
     ema_status_t st;
     char c = 0;
@@ -233,9 +227,9 @@ int main(int argc, char **argv)
         usleep(1000); /* noticed within milliseconds */
     }
     tlost = now_s() - tk;
-    CHECK(st == EMA_ERR_PEER_LOST, "get from the victim: %s", ema_strerror(st));
-    CHECK(ema_win_flush(win, victim) == EMA_ERR_PEER_LOST, "flush of the victim");
-    CHECK(ema_barrier() == EMA_ERR_PEER_LOST, "barrier");
+    T_EXPECT(st == EMA_ERR_PEER_LOST, "get from the victim: %s", ema_strerror(st));
+    T_EXPECT(ema_win_flush(win, victim) == EMA_ERR_PEER_LOST, "flush of the victim");
+    T_EXPECT(ema_barrier() == EMA_ERR_PEER_LOST, "barrier");
 
     /* no byte lost elsewhere */
     for (int r = 0; r < 3; r++) {
@@ -244,12 +238,12 @@ int main(int argc, char **argv)
         }
         int lost = verify(r);
         if (r == 1 && victim == 0 && !strcmp(scenario, "lender")) {
-            CHECK(lost == 4, "%d segments of rank 1 lost, not the 4 on rank 0", lost);
+            T_EXPECT(lost == 4, "%d segments of rank 1 lost, not the 4 on rank 0", lost);
         } else if (r == 1 && victim == 0) {
             /* the reclaim moved some or all of them before rank 0 died */
-            CHECK(lost <= 4, "%d segments of rank 1 lost, more than the 4 on rank 0", lost);
+            T_EXPECT(lost <= 4, "%d segments of rank 1 lost, more than the 4 on rank 0", lost);
         } else {
-            CHECK(lost == 0, "%d segments of rank %d lost", lost, r);
+            T_EXPECT(lost == 0, "%d segments of rank %d lost", lost, r);
         }
     }
     /* the lender has back what the dead borrower held */
@@ -260,12 +254,12 @@ int main(int argc, char **argv)
             usleep(1000);
             ema_mem_stat(&ms);
         }
-        CHECK(ms.bytes_lent == 0, "%zu bytes still lent to the dead rank", ms.bytes_lent);
+        T_EXPECT(ms.bytes_lent == 0, "%zu bytes still lent to the dead rank", ms.bytes_lent);
     }
     /* the own part still takes writes (the byte it holds: the other
      * survivor may be reading it) */
     c = pattern(rank, 0);
-    CHECK(ema_put(win, rank, 0, &c, 1) == EMA_SUCCESS, "put to the own part");
+    T_EXPECT(ema_put(win, rank, 0, &c, 1) == EMA_SUCCESS, "put to the own part");
     /* No barrier any more: wait for the other survivor's checks through
      * files, so that neither exits (and takes its memory) under the other. */
     char path[512];
@@ -279,12 +273,12 @@ int main(int argc, char **argv)
     }
     double t = now_s() - tk;
     double bound = getenv("FAULT_BOUND") ? atof(getenv("FAULT_BOUND")) : 10;
-    CHECK(t < bound, "finished %.3f s after the kill (bound %.0f s)", t, bound);
+    T_EXPECT(t < bound, "finished %.3f s after the kill (bound %.0f s)", t, bound);
     st = ema_finalize();
-    CHECK(st == EMA_SUCCESS || st == EMA_ERR_PEER_LOST, "ema_finalize: %s", ema_strerror(st));
+    T_EXPECT(st == EMA_SUCCESS || st == EMA_ERR_PEER_LOST, "ema_finalize: %s", ema_strerror(st));
     t = now_s() - tk;
-    if (failures == 0) {
+    if (ema_t_failures == 0) {
         printf("PASS rank %d %s lost-after %.3f s done-after %.3f s\n", rank, scenario, tlost, t);
     }
-    return failures != 0;
+    return ema_t_failures != 0;
 }

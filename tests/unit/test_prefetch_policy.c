@@ -91,6 +91,23 @@ static ema_win_h win_with_pattern(size_t size, size_t first, uint8_t **base_p)
     return w;
 }
 
+/* A world of one with @capacity bytes of memory and a window of WSIZE
+ * bytes with the pattern, @first of them allocated (the rest grown). */
+static ema_win_h start(const char *capacity, size_t first, uint8_t **base_p)
+{
+    env_small(capacity);
+    ck_assert_int_eq(ema_init(NULL), EMA_SUCCESS);
+    return win_with_pattern(WSIZE, first, base_p);
+}
+
+/* The window still holds its pattern: free it, and finalize. */
+static void finish(ema_win_h w, const uint8_t *base)
+{
+    assert_pattern(base, WSIZE);
+    ck_assert_int_eq(ema_win_free(w), EMA_SUCCESS);
+    ck_assert_int_eq(ema_finalize(), EMA_SUCCESS);
+}
+
 /* Run the engine until it has nothing left to do. */
 static void drain(void)
 {
@@ -168,10 +185,8 @@ static void assert_refused(ema_win_h w, const uint8_t *base, ema_win_policy_para
 
 EMA_TEST("args", test_set_policy_rejects_bad_params_and_keeps_the_policy)
 {
-    env_small("64M");
-    ck_assert_int_eq(ema_init(NULL), EMA_SUCCESS);
     uint8_t *base;
-    ema_win_h w = win_with_pattern(WSIZE, WSIZE, &base);
+    ema_win_h w = start("64M", WSIZE, &base);
     ema_win_policy_params_t good = params(3, EMA_WIN_POLICY_FLAG_CYCLIC);
     ck_assert_int_eq(ema_win_set_policy(w, &good), EMA_SUCCESS);
     ck_assert_int_eq(ema_win_advance(w, 1), EMA_SUCCESS);
@@ -221,18 +236,14 @@ EMA_TEST("args", test_set_policy_rejects_bad_params_and_keeps_the_policy)
     ck_assert_uint_eq(st.count, 3);
     ck_assert_uint_eq(st.group, EMA_WIN_POLICY_NO_GROUP); /* a new walk */
     drain();
-    assert_pattern(base, WSIZE);
-    ck_assert_int_eq(ema_win_free(w), EMA_SUCCESS);
-    ck_assert_int_eq(ema_finalize(), EMA_SUCCESS);
+    finish(w, base);
 }
 END_TEST
 
 EMA_TEST("args", test_advance_checks_group_and_policy_and_changes_nothing_on_error)
 {
-    env_small("64M");
-    ck_assert_int_eq(ema_init(NULL), EMA_SUCCESS);
     uint8_t *base;
-    ema_win_h w = win_with_pattern(WSIZE, WSIZE, &base);
+    ema_win_h w = start("64M", WSIZE, &base);
     ck_assert_int_eq(ema_win_advance(w, 0), EMA_ERR_STATE); /* no policy yet */
     ema_win_policy_stat_t st = pstat(w);
     ck_assert_uint_eq(st.count, 0);
@@ -272,18 +283,14 @@ EMA_TEST("args", test_advance_checks_group_and_policy_and_changes_nothing_on_err
     ck_assert_int_eq(ema_win_set_policy(w, &p), EMA_SUCCESS);
     ck_assert_int_eq(ema_win_advance(w, 0), EMA_ERR_STATE);
     drain();
-    assert_pattern(base, WSIZE);
-    ck_assert_int_eq(ema_win_free(w), EMA_SUCCESS);
-    ck_assert_int_eq(ema_finalize(), EMA_SUCCESS);
+    finish(w, base);
 }
 END_TEST
 
 EMA_TEST("work", test_policy_brings_groups_ahead_home_and_spills_groups_behind)
 {
-    env_small("256K"); /* 4 segments: half the window */
-    ck_assert_int_eq(ema_init(NULL), EMA_SUCCESS);
     uint8_t *base;
-    ema_win_h w = win_with_pattern(WSIZE, 4 * SEG, &base);
+    ema_win_h w = start("256K", 4 * SEG, &base); /* 4 segments: half the window */
     ema_win_stat_t ws;
     ck_assert_int_eq(ema_win_stat(w, &ws), EMA_SUCCESS);
     ck_assert_uint_eq(ws.bytes_local, 4 * SEG);
@@ -352,18 +359,14 @@ EMA_TEST("work", test_policy_brings_groups_ahead_home_and_spills_groups_behind)
     st = pstat(w);
     ck_assert_uint_eq(st.bytes_evicted, evicted);
     ck_assert_uint_lt(st.bytes_ahead_local, 2 * SEG);
-    assert_pattern(base, WSIZE);
-    ck_assert_int_eq(ema_win_free(w), EMA_SUCCESS);
-    ck_assert_int_eq(ema_finalize(), EMA_SUCCESS);
+    finish(w, base);
 }
 END_TEST
 
 EMA_TEST("work", test_cyclic_walk_keeps_the_groups_after_the_last_local)
 {
-    env_small("256K");
-    ck_assert_int_eq(ema_init(NULL), EMA_SUCCESS);
     uint8_t *base;
-    ema_win_h w = win_with_pattern(WSIZE, 4 * SEG, &base);
+    ema_win_h w = start("256K", 4 * SEG, &base);
     ema_win_policy_params_t p = params(3, EMA_WIN_POLICY_FLAG_CYCLIC);
     ck_assert_int_eq(ema_win_set_policy(w, &p), EMA_SUCCESS);
     /* a few laps: at every step the next three groups (wrapping) are local */
@@ -379,9 +382,7 @@ EMA_TEST("work", test_cyclic_walk_keeps_the_groups_after_the_last_local)
             }
         }
     }
-    assert_pattern(base, WSIZE);
-    ck_assert_int_eq(ema_win_free(w), EMA_SUCCESS);
-    ck_assert_int_eq(ema_finalize(), EMA_SUCCESS);
+    finish(w, base);
 }
 END_TEST
 

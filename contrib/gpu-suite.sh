@@ -3,6 +3,7 @@
 #
 #   contrib/gpu-suite.sh --with-ucx=DIR [--with-pmix=DIR] [--build-dir=DIR]
 #                        [--timeout=SECONDS] [--jobs=N] [--np="2 4"] [--perf-only]
+#                        [--cuda-spill]
 #
 # DIR for --with-ucx is a UCX install built with CUDA support (configure
 # --with-cuda); Debian/Ubuntu's UCX packages lack cuda_ipc.  Steps:
@@ -13,7 +14,9 @@
 #      rank counts; with as many GPUs, one rank per GPU), under mpirun
 #      --timeout, with the cuda memory kind;
 #   4. test_elastic's held and nomem scenarios and 20 s of ema_stress on 4
-#      ranks; 5. examples/cuda_window and the Python GPU consumer
+#      ranks; 4b. with --cuda-spill (or GPU_SUITE_CUDA_SPILL=1) only: the
+#      experimental cuda spill tier (EMA_CUDA_SPILL=y): test_elastic's spill
+#      and nolend scenarios and 20 s of ema_stress with it; 5. examples/cuda_window and the Python GPU consumer
 #      (examples/python/cuda_consumer.py) on 1, 2 and 4 ranks; 6. ema_perf on 2
 #      ranks (CSV, kept as $OUT/ema_perf.csv), failing when put or get at 2 MiB
 #      or 64 MiB is below GPU_SUITE_MIN_RATIO (0.8) x raw UCX in the same run,
@@ -26,11 +29,11 @@
 set -u
 
 usage() {
-    sed -n '3,5p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '3,6p' "$0" | sed 's/^# \{0,1\}//'
     exit "${1:-2}"
 }
 
-ucx='' pmix='' build='' perf_only=0 timeout=180 jobs=$(nproc 2>/dev/null || echo 4) nps="2 4"
+ucx='' pmix='' build='' perf_only=0 cuda_spill=${GPU_SUITE_CUDA_SPILL:-0} timeout=180 jobs=$(nproc 2>/dev/null || echo 4) nps="2 4"
 for arg in "$@"; do
     case $arg in
     --with-ucx=*)  ucx=${arg#*=} ;;
@@ -40,6 +43,7 @@ for arg in "$@"; do
     --jobs=*)      jobs=${arg#*=} ;;
     --np=*)        nps=${arg#*=} ;;
     --perf-only)   perf_only=1 ;;
+    --cuda-spill)  cuda_spill=1 ;;
     -h|--help)     usage 0 ;;
     *)             echo "gpu-suite: unknown argument '$arg'" >&2; usage ;;
     esac
@@ -206,8 +210,8 @@ for p in "${progs[@]}"; do
     esac
 done
 
-# The scenarios of test_elastic that the cuda kind can run (it has no spill
-# tier; "spill" and "nolend" need one), on 4 ranks: "held", and "nomem",
+# The scenarios of test_elastic that the cuda kind can run without a spill
+# tier ("spill" and "nolend" need one: --cuda-spill, below), on 4 ranks: "held", and "nomem",
 # where each peer can lend 2 segments (the control window takes a third)
 # and a lender's reclaim finds the borrower with nowhere to move them
 # (REFUSE, bytes_wanted).
@@ -240,6 +244,39 @@ fi
 if [ -x "$build/tests/stress/ema_stress" ]; then
     step "ema_stress np4 (20 s)" run_mpi_env 4 EMA_DEVICE_MEMORY=256M -- \
         "$build/tests/stress/ema_stress" --time 20
+fi
+
+# The experimental spill tier of the cuda kind (EMA_CUDA_SPILL=y: pinned
+# host memory mapped into the windows' VMM ranges), not yet measured on a
+# GPU: off unless asked for.  test_elastic's spill and nolend scenarios as
+# tests/mpi/elastic_{spill,nolend}_np4.sh run them on the host kind, in
+# segments: "spill", a reserve that leaves each peer 2 lendable segments
+# and a spill tier of 16; "nolend", a reserve of all the memory and a tier
+# of 4 segments, full after 4 spilled.  Each rank pins its whole tier at
+# ema_init (16 x 128 MiB = 2 GiB with the default segments).  ema_init
+# says "EMA_CUDA_SPILL=y: an experimental spill tier" where the tier was
+# made: a driver without host VMM gives "no spill tier" and these fail.
+if [ "$cuda_spill" = 1 ]; then
+    if [ -x "$build/tests/mpi/test_elastic" ] && [ -n "$seg" ] && [ -n "$cap" ] &&
+        [ "$cap" -ge $((6 * seg)) ]; then
+        step "test_elastic spill np4 (EMA_CUDA_SPILL=y)" run_mpi_env 4 EMA_CUDA_SPILL=y \
+            EMA_SPILL=host "EMA_SPILL_SIZE=$((16 * seg))" "EMA_LEND_RESERVE=$((cap - 3 * seg))" \
+            -- "$build/tests/mpi/test_elastic" spill
+        step "test_elastic nolend np4 (EMA_CUDA_SPILL=y)" run_mpi_env 4 EMA_CUDA_SPILL=y \
+            EMA_SPILL=host "EMA_SPILL_SIZE=$((4 * seg))" "EMA_LEND_RESERVE=$cap" \
+            -- "$build/tests/mpi/test_elastic" nolend
+    else
+        echo "gpu-suite: test_elastic spill and nolend not run: no test_elastic, or" \
+             "EMA_DEVICE_MEMORY and EMA_SEGMENT_SIZE give fewer than 6 segments"
+        nfail=$((nfail + 1)); failed+=(cuda_spill_elastic)
+    fi
+    if [ -x "$build/tests/stress/ema_stress" ]; then
+        step "ema_stress np4 (20 s, EMA_CUDA_SPILL=y)" run_mpi_env 4 EMA_CUDA_SPILL=y \
+            EMA_SPILL=host EMA_SPILL_SIZE=256M EMA_DEVICE_MEMORY=256M -- \
+            "$build/tests/stress/ema_stress" --time 20
+    fi
+else
+    echo "gpu-suite: the cuda spill tier (EMA_CUDA_SPILL=y) not tested: --cuda-spill runs it"
 fi
 
 if [ -x "$build/examples/cuda_window" ]; then

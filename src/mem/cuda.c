@@ -21,6 +21,15 @@
  * Every op makes the arena's primary context current first: the ops are
  * called from the application threads and from the progress thread, and
  * cuCtxSetCurrent is a thread-local store.
+ *
+ * With EMA_MEM_ARENA_HOST_NUMA (the spill tier, EMA_CUDA_SPILL=y) the
+ * segments are VMM allocations of pinned host memory instead (CUDA 12.2+):
+ * on the GPU's host NUMA node, else on the host without a node where the
+ * driver allows only that.  They are mapped, and mapped into windows, with
+ * device access only, so kernels read them through the window's range; the
+ * copies reach them by unified addressing, as device memory.  Such an
+ * arena is never lent: its segments are exported only where the driver
+ * allows it, and a peer reaches them through UCX.
  */
 #define _GNU_SOURCE
 #include "cuda_priv.h"
@@ -41,6 +50,9 @@ typedef struct {
     CUstream                      streams[CUDA_NSTREAMS];
     size_t                        gran;     /* the real VMM granularity */
     CUmemAllocationHandleType     htypes;   /* requested at cuMemCreate */
+    CUmemLocationType             loc_type; /* where the segments live: DEVICE, or
+                                               HOST_NUMA / HOST (EMA_MEM_ARENA_HOST_NUMA) */
+    int                           loc_id;   /* the device, or the host NUMA node */
     uint32_t                      nsegs;
     uint32_t                      ncreated; /* segments with a handle, mapped at base */
     CUmemGenericAllocationHandle *handles;
@@ -88,8 +100,8 @@ static void cuda_prop(const ema_cuda_arena_t *ca, CUmemAllocationHandleType htyp
 {
     memset(prop, 0, sizeof(*prop));
     prop->type                 = CU_MEM_ALLOCATION_TYPE_PINNED;
-    prop->location.type        = CU_MEM_LOCATION_TYPE_DEVICE;
-    prop->location.id          = (int)ca->dev;
+    prop->location.type        = ca->loc_type;
+    prop->location.id          = ca->loc_id;
     prop->requestedHandleTypes = htypes;
 }
 
@@ -124,10 +136,12 @@ static ema_status_t cuda_seg_create(ema__mem_arena_t *arena, ema_cuda_arena_t *c
         res = ema__cu.cuMemCreate(&h, arena->seg_size, &prop, 0);
     }
     if (res != CUDA_SUCCESS) {
-        ema_error("cuMemCreate(%zu) for segment %u of %u failed: %s%s", arena->seg_size, i,
-                  ca->nsegs, ema__cu_errname(res),
-                  (res == CUDA_ERROR_OUT_OF_MEMORY)
-                      ? " (EMA_DEVICE_MEMORY exceeds the free device memory)" : "");
+        int host = ca->loc_type != CU_MEM_LOCATION_TYPE_DEVICE;
+        ema_error("cuMemCreate(%zu) for %s segment %u of %u failed: %s%s", arena->seg_size,
+                  host ? "host" : "device", i, ca->nsegs, ema__cu_errname(res),
+                  (res != CUDA_ERROR_OUT_OF_MEMORY) ? ""
+                  : host ? " (EMA_SPILL_SIZE exceeds the host memory the driver can pin)"
+                         : " (EMA_DEVICE_MEMORY exceeds the free device memory)");
         return ema__cu_status(res);
     }
     status = cuda_map_handle(ca, (char *)arena->base + (size_t)i * arena->seg_size,
@@ -135,14 +149,16 @@ static ema_status_t cuda_seg_create(ema__mem_arena_t *arena, ema_cuda_arena_t *c
     if (status != EMA_SUCCESS) {
         goto err_release;
     }
-    EMA_CU_CALL(res, cuMemExportToShareableHandle, &fd, h,
-                CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
-    if (res != CUDA_SUCCESS) {
-        status = ema__cu_status(res);
-        goto err_unmap;
+    if (ca->htypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) {
+        EMA_CU_CALL(res, cuMemExportToShareableHandle, &fd, h,
+                    CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+        if (res != CUDA_SUCCESS) {
+            status = ema__cu_status(res);
+            goto err_unmap;
+        }
+        /* Keep it out of exec'd children; peers take it with pidfd_getfd. */
+        fcntl(fd, F_SETFD, FD_CLOEXEC);
     }
-    /* Keep it out of exec'd children; peers take it with pidfd_getfd. */
-    fcntl(fd, F_SETFD, FD_CLOEXEC);
     ca->handles[i] = h;
     ca->fds[i]     = fd;
     return EMA_SUCCESS;
@@ -194,6 +210,89 @@ static void cuda_arena_destroy(ema__mem_arena_t *arena)
     arena->priv = NULL;
 }
 
+/* Whether segments of @seg_size can be created where @ca says (a trial
+ * allocation of one granule, released at once); sets ca->gran. */
+static ema_status_t cuda_loc_try(ema_cuda_arena_t *ca, size_t seg_size)
+{
+    CUmemGenericAllocationHandle h;
+    CUmemAllocationProp prop;
+    CUresult res;
+
+    cuda_prop(ca, ca->htypes, &prop);
+    res = ema__cu.cuMemGetAllocationGranularity(&ca->gran, &prop,
+                                                CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+    if (res == CUDA_SUCCESS && (ca->gran == 0 || seg_size % ca->gran != 0)) {
+        ema_debug("host vmm memory (location type %d): granularity %zu does not divide the "
+                  "segment size %zu", (int)ca->loc_type, ca->gran, seg_size);
+        return EMA_ERR_UNSUPPORTED;
+    }
+    if (res == CUDA_SUCCESS) {
+        res = ema__cu.cuMemCreate(&h, ca->gran, &prop, 0);
+    }
+    if (res != CUDA_SUCCESS) {
+        ema_debug("host vmm memory (location type %d, id %d, handle types %#x): %s",
+                  (int)ca->loc_type, ca->loc_id, (unsigned)ca->htypes, ema__cu_errname(res));
+        return (res == CUDA_ERROR_OUT_OF_MEMORY) ? EMA_ERR_NO_MEMORY : EMA_ERR_UNSUPPORTED;
+    }
+    ema__cu.cuMemRelease(h);
+    return EMA_SUCCESS;
+}
+
+/* The host NUMA node of the calling CPU, or 0. */
+static int cuda_cpu_node(void)
+{
+    unsigned cpu = 0, node = 0;
+    return (syscall(SYS_getcpu, &cpu, &node, NULL) == 0) ? (int)node : 0;
+}
+
+/*
+ * EMA_MEM_ARENA_HOST_NUMA: where the driver can put host memory that the
+ * device maps through VMM, nearest first:
+ *   1. HOST_NUMA, on the GPU's NUMA node (else the calling CPU's), with
+ *      POSIX fd handles, then without (CUDA 12.2+ drivers);
+ *   2. HOST, no node and no handles (the driver's other host location).
+ * EMA_ERR_UNSUPPORTED, reasons logged at debug level, where neither works.
+ */
+static ema_status_t cuda_host_location(ema_cuda_arena_t *ca, size_t seg_size)
+{
+    ema_status_t status = EMA_ERR_UNSUPPORTED;
+    int numa = -1;
+
+    if (ema__cu.version < 12020) {
+        ema_debug("host vmm memory needs a CUDA 12.2 driver or newer, this one is %d.%d",
+                  ema__cu.version / 1000, ema__cu.version % 1000 / 10);
+        return EMA_ERR_UNSUPPORTED;
+    }
+    if (cuda_attr(ca, CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED)) {
+        if (ema__cu.cuDeviceGetAttribute(&numa, CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID, ca->dev) !=
+                CUDA_SUCCESS || numa < 0) {
+            numa = cuda_cpu_node();
+        }
+        ca->loc_type = CU_MEM_LOCATION_TYPE_HOST_NUMA;
+        ca->loc_id   = numa;
+        ca->htypes   = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+        status = cuda_loc_try(ca, seg_size);
+        if (status == EMA_ERR_UNSUPPORTED) {
+            ca->htypes = CU_MEM_HANDLE_TYPE_NONE;
+            status = cuda_loc_try(ca, seg_size);
+        }
+    } else {
+        ema_debug("device %d reports no host NUMA vmm support", (int)ca->dev);
+    }
+    if (status == EMA_ERR_UNSUPPORTED) {
+        ca->loc_type = CU_MEM_LOCATION_TYPE_HOST; /* handles must be none there */
+        ca->loc_id   = 0;
+        ca->htypes   = CU_MEM_HANDLE_TYPE_NONE;
+        status = cuda_loc_try(ca, seg_size);
+    }
+    if (status == EMA_SUCCESS) {
+        ema_debug("host vmm memory: location %s %d, handles %s",
+                  ca->loc_type == CU_MEM_LOCATION_TYPE_HOST_NUMA ? "host numa node" : "host",
+                  ca->loc_id, ca->htypes ? "posix fd" : "none");
+    }
+    return status;
+}
+
 static ema_status_t cuda_arena_create(ema__mem_arena_t *arena)
 {
     ema_cuda_arena_t *ca;
@@ -242,13 +341,23 @@ static ema_status_t cuda_arena_create(ema__mem_arena_t *arena)
     if (status != EMA_SUCCESS) {
         goto err;
     }
+    if (arena->flags & EMA_MEM_ARENA_HOST_NUMA) {
+        /* the host spill tier: never lent, so handles are optional */
+        status = cuda_host_location(ca, arena->seg_size);
+        if (status != EMA_SUCCESS) {
+            goto err;
+        }
+        goto streams;
+    }
     if (!cuda_attr(ca, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED) ||
         !cuda_attr(ca, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED)) {
         ema_error("device %d does not support cuda vmm with posix fd handles", ordinal);
         status = EMA_ERR_UNSUPPORTED;
         goto err;
     }
-    ca->htypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    ca->loc_type = CU_MEM_LOCATION_TYPE_DEVICE;
+    ca->loc_id   = (int)ca->dev;
+    ca->htypes   = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
     if (cuda_attr(ca, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED)) {
         ca->htypes |= CU_MEM_HANDLE_TYPE_FABRIC;
     }
@@ -267,6 +376,7 @@ static ema_status_t cuda_arena_create(ema__mem_arena_t *arena)
         goto err;
     }
 
+streams:
     for (int i = 0; i < CUDA_NSTREAMS; i++) {
         EMA_CU_CALL(res, cuStreamCreate, &ca->streams[i], CU_STREAM_NON_BLOCKING);
         if (res != CUDA_SUCCESS) {
@@ -290,9 +400,11 @@ static ema_status_t cuda_arena_create(ema__mem_arena_t *arena)
             goto err;
         }
     }
-    ema_debug("cuda arena on device %d: %zu bytes at %p, granularity %zu, handles %s",
+    ema_debug("cuda arena of %s memory for device %d: %zu bytes at %p, granularity %zu, "
+              "handles %s", (ca->loc_type == CU_MEM_LOCATION_TYPE_DEVICE) ? "device" : "host",
               ordinal, arena->capacity, arena->base, ca->gran,
-              (ca->htypes & CU_MEM_HANDLE_TYPE_FABRIC) ? "posix fd + fabric" : "posix fd");
+              (ca->htypes & CU_MEM_HANDLE_TYPE_FABRIC) ? "posix fd + fabric"
+              : ca->htypes ? "posix fd" : "none");
     return EMA_SUCCESS;
 
 err:

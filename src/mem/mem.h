@@ -127,6 +127,11 @@ size_t ema__mem_host_available(void);
 /* Arena flags. */
 #define EMA_MEM_ARENA_HUGEPAGES 1u /* host: back it with 2 MiB huge pages where
                                       some are reserved; else 4 KiB pages */
+#define EMA_MEM_ARENA_HOST_NUMA 2u /* cuda: segments of pinned host memory (on the
+                                      GPU's host NUMA node where the driver can),
+                                      mapped for the device: the spill tier of
+                                      EMA_CUDA_SPILL=y; EMA_ERR_UNSUPPORTED where the
+                                      driver cannot */
 
 ema_status_t ema__mem_arena_create(const ema__mem_ops_t *ops, size_t capacity, size_t seg_size,
                                    int device, unsigned flags, ema__mem_arena_t **arena_p);

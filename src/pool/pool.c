@@ -62,6 +62,11 @@ const ema_config_field_t ema__pool_config_table[] = {
      EMA_POOL_CFG(spill), &ema_spill_parser},
     {"SPILL_SIZE", "4G", "capacity of each rank's host spill tier (address space until used)",
      EMA_POOL_CFG(spill_size), &ema__config_size},
+    {"CUDA_SPILL", "n",
+     "experimental, not yet measured on a GPU: give the cuda memory kind the spill tier too, "
+     "as pinned host memory mapped for the GPU (CUDA 12.2+ driver), all EMA_SPILL_SIZE "
+     "allocated at ema_init",
+     EMA_POOL_CFG(cuda_spill), &ema__config_bool},
     {"STATS", "n", "print each rank's memory statistics at ema_finalize",
      EMA_POOL_CFG(stats), &ema__config_bool},
     {"RECLAIM_TIMEOUT", "2",

@@ -22,6 +22,7 @@ typedef struct ema__pool_config {
     size_t lend_reserve;  /* bytes never lent */
     int    spill;         /* 0 none, 1 host */
     size_t spill_size;    /* capacity of the host spill tier */
+    int    cuda_spill;    /* EMA_CUDA_SPILL: a spill tier on the cuda kind too */
     int    stats;         /* print a summary at finalize */
     double reclaim_timeout; /* seconds, implicit reclaim */
 } ema__pool_config_t;

@@ -99,6 +99,82 @@ static ema_status_t runtime_read_config(ema__world_t *w, const ema_init_params_t
     return EMA_SUCCESS;
 }
 
+ema__spill_tier_t ema__runtime_spill_tier(const ema__pool_config_t *cfg, ema_memory_kind_t kind)
+{
+    if (!cfg->spill) {
+        return EMA_SPILL_TIER_NONE;
+    }
+    if (kind != EMA_MEMORY_KIND_CUDA) {
+        return EMA_SPILL_TIER_HOST;
+    }
+    return cfg->cuda_spill ? EMA_SPILL_TIER_CUDA_HOST : EMA_SPILL_TIER_NONE;
+}
+
+/*
+ * The spill tier (w->spill), or none.  A spilled segment is mapped into the
+ * window's range.  On the host kind the tier is a host arena: address
+ * space until a window spills into it.  On the cuda kind the range is a
+ * CUDA VMM reservation, so only VMM memory goes there: with
+ * EMA_CUDA_SPILL=y (experimental) a cuda arena of pinned host memory, all
+ * of it allocated now; where the driver cannot make it, no spill tier.
+ */
+static ema_status_t runtime_spill_create(ema__world_t *w, const ema__mem_ops_t *ops)
+{
+    ema__spill_tier_t tier = ema__runtime_spill_tier(&w->pool.cfg, ops->kind);
+    const ema__mem_ops_t *spill_ops = &ema__mem_host_ops;
+    size_t size = w->pool.cfg.spill_size;
+    ema_status_t status;
+
+    if (tier == EMA_SPILL_TIER_NONE) {
+        if (w->pool.cfg.spill) {
+            ema_info("EMA_SPILL=host is not supported with the cuda memory kind yet: no spill "
+                     "tier (EMA_CUDA_SPILL=y tries an experimental one)");
+        }
+        w->pool.cfg.spill = 0;
+        return EMA_SUCCESS;
+    }
+    if (size < w->arena->seg_size) {
+        ema_error("EMA_SPILL_SIZE %zu is smaller than one segment (%zu); set EMA_SPILL=none "
+                  "for no spill tier", size, w->arena->seg_size);
+        return EMA_ERR_INVALID_PARAM;
+    }
+    if (tier == EMA_SPILL_TIER_CUDA_HOST) {
+#ifdef HAVE_CUDA
+        spill_ops = &ema__mem_cuda_ops;
+#endif
+        /* Pinned when made: the node's ranks together must fit what the
+         * host can give now, or the OOM killer, not cuMemCreate, answers. */
+        size_t avail = ema__mem_host_available();
+        size_t nlocal = (w->boot.local_size > 0) ? (size_t)w->boot.local_size : 1;
+        if (avail != 0 && size / w->arena->seg_size * w->arena->seg_size > avail / nlocal) {
+            ema_error("EMA_CUDA_SPILL=y pins each rank's EMA_SPILL_SIZE (%zu bytes) of host "
+                      "memory at ema_init: %zu ranks here need more than the %zu bytes "
+                      "available (MemAvailable): lower EMA_SPILL_SIZE", size, nlocal, avail);
+            return EMA_ERR_NO_MEMORY;
+        }
+    }
+    status = ema__mem_arena_create(spill_ops, size, w->arena->seg_size, w->arena->device,
+                                   (tier == EMA_SPILL_TIER_CUDA_HOST) ? EMA_MEM_ARENA_HOST_NUMA
+                                                                      : 0,
+                                   &w->spill);
+    if (status == EMA_ERR_UNSUPPORTED && tier == EMA_SPILL_TIER_CUDA_HOST) {
+        ema_info("EMA_CUDA_SPILL=y: the CUDA driver cannot map host memory for the GPU through "
+                 "VMM here (needs a 12.2+ driver; EMA_LOG_LEVEL=debug says why): no spill tier");
+        w->spill          = NULL;
+        w->pool.cfg.spill = 0;
+        return EMA_SUCCESS;
+    }
+    if (status != EMA_SUCCESS) {
+        w->spill = NULL;
+        return status;
+    }
+    if (tier == EMA_SPILL_TIER_CUDA_HOST) {
+        ema_info("EMA_CUDA_SPILL=y: an experimental spill tier of %zu bytes of pinned host "
+                 "memory, mapped for GPU %d", w->spill->capacity, w->arena->device);
+    }
+    return EMA_SUCCESS;
+}
+
 static void runtime_topo_cleanup(ema__world_t *w)
 {
     if (w->topo != NULL) {
@@ -210,7 +286,7 @@ static ema_status_t ema_check_sizes(const ema__world_t *w, const ema__mem_ops_t 
                   (unsigned)EMA_MEM_MAX_SEGS);
         return EMA_ERR_INVALID_PARAM;
     }
-    if (w->pool.cfg.spill && ops->kind != EMA_MEMORY_KIND_CUDA && seg != 0 &&
+    if (ema__runtime_spill_tier(&w->pool.cfg, ops->kind) != EMA_SPILL_TIER_NONE && seg != 0 &&
         w->pool.cfg.spill_size / seg > EMA_MEM_MAX_SEGS) {
         ema_error("EMA_SPILL_SIZE %zu is %zu segments of %zu bytes, more than the %u a spill "
                   "tier may have: raise EMA_SEGMENT_SIZE or lower EMA_SPILL_SIZE",
@@ -396,27 +472,9 @@ EMA_EXPORT ema_status_t ema_init(const ema_init_params_t *params)
         w->pool.cfg.lend_reserve = w->arena->capacity;
     }
 
-    if (w->pool.cfg.spill && ops->kind == EMA_MEMORY_KIND_CUDA) {
-        /* A spilled segment is mapped into the window's range, which on the
-         * cuda kind is a CUDA VMM reservation: host memory cannot go there
-         * without CUDA host-memory VMM support, not written yet. */
-        ema_info("EMA_SPILL=host is not supported with the cuda memory kind yet: no spill tier");
-        w->pool.cfg.spill = 0;
-    }
-    if (w->pool.cfg.spill && w->pool.cfg.spill_size < w->arena->seg_size) {
-        ema_error("EMA_SPILL_SIZE %zu is smaller than one segment (%zu); set EMA_SPILL=none "
-                  "for no spill tier", w->pool.cfg.spill_size, w->arena->seg_size);
-        status = EMA_ERR_INVALID_PARAM;
+    status = runtime_spill_create(w, ops);
+    if (status != EMA_SUCCESS) {
         goto err_arena;
-    }
-    if (w->pool.cfg.spill) {
-        /* The spill tier is host memory whatever the device kind: address
-         * space until a window spills into it. */
-        status = ema__mem_arena_create(&ema__mem_host_ops, w->pool.cfg.spill_size,
-                                       w->arena->seg_size, -1, 0, &w->spill);
-        if (status != EMA_SUCCESS) {
-            goto err_arena;
-        }
     }
 
     /* UCX turns cuda_ipc's zero-copy GET off where it sees no NVLink, as

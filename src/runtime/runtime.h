@@ -49,7 +49,8 @@ typedef struct ema__world {
     ema__runtime_config_t cfg;
     ema__boot_t           boot;
     ema__mem_arena_t     *arena;
-    ema__mem_arena_t     *spill; /* host spill tier, NULL with EMA_SPILL=none */
+    ema__mem_arena_t     *spill; /* host spill tier, NULL with EMA_SPILL=none (and on
+                                    the cuda kind without EMA_CUDA_SPILL=y) */
     ema__xport_t          xp;
     ema__win_ctx_t        win;
     ema__pool_t           pool;
@@ -61,5 +62,16 @@ typedef struct ema__world {
 } ema__world_t;
 
 extern const ema_config_field_t ema__runtime_config_table[];
+
+/* Which spill tier a rank of memory kind @kind gets from @cfg (EMA_SPILL,
+ * EMA_CUDA_SPILL): none; the host kind's arena; or, on the cuda kind with
+ * EMA_CUDA_SPILL=y, a cuda arena of host memory (EMA_MEM_ARENA_HOST_NUMA).
+ * Separate for the unit tests. */
+typedef enum {
+    EMA_SPILL_TIER_NONE,
+    EMA_SPILL_TIER_HOST,
+    EMA_SPILL_TIER_CUDA_HOST,
+} ema__spill_tier_t;
+ema__spill_tier_t ema__runtime_spill_tier(const ema__pool_config_t *cfg, ema_memory_kind_t kind);
 
 #endif

@@ -29,6 +29,10 @@
  * off until the application waits would let one idle request stall a
  * lender's reclaim.  Atomics are performed by the rank holding the word,
  * as on the UCX path.
+ *
+ * The spill tier (EMA_CUDA_SPILL=y) is not mirrored: a run in this rank's
+ * own tier is a copy through its mapping here, a run in a peer's goes
+ * through UCX, completed (and a put flushed) before the next.
  */
 #include "rma_priv.h"
 
@@ -223,6 +227,25 @@ char *ema__win_cpath_addr(ema__win_ctx_t *ctx, int rank, uint64_t raddr)
     return cp->mirror[rank] + off;
 }
 
+static void cpath_noop_cb(void *request, ucs_status_t status, void *user_data)
+{
+}
+
+/* One UCX put (or get) of @len bytes between @local and @raddr of @peer's
+ * memory of @tier, completed, then the endpoint flushed. */
+static ema_status_t cpath_ucx_op(ema__win_ctx_t *ctx, int peer, int tier, int get, void *local,
+                                 uint64_t raddr, size_t len)
+{
+    ucp_request_param_t param = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK,
+                                 .cb.send      = cpath_noop_cb};
+    ucp_rkey_h rkey = ema__xport_mr_rkey(&ctx->mr[tier], peer, raddr);
+    ucs_status_ptr_t sp = get ? ucp_get_nbx(ctx->xp->eps[peer], local, len, raddr, rkey, &param)
+                              : ucp_put_nbx(ctx->xp->eps[peer], local, len, raddr, rkey, &param);
+    ema_status_t status = ema__xport_wait_req(ctx->xp, sp, peer,
+                                              get ? "ucp_get_nbx" : "ucp_put_nbx");
+    return (status == EMA_SUCCESS) ? ema__xport_flush_ep(ctx->xp, peer) : status;
+}
+
 /* --- put and get ------------------------------------------------------------ */
 
 /*
@@ -267,14 +290,27 @@ ema_status_t ema__win_rma_cdirect(ema_win_h win, ema_op_t op, int rank, size_t o
             ema__xport_wait_step(ctx->xp, EMA_WAIT_QUICK);
             continue;
         }
-        char *p = (tier == EMA_TIER_DEVICE) ? ema__win_cpath_addr(ctx, trank, raddr) : NULL;
+        char *p = NULL;
         held[ep]++;
+        if (tier == EMA_TIER_DEVICE) {
+            p = ema__win_cpath_addr(ctx, trank, raddr);
+        } else if (trank == ctx->rank && ctx->tier[tier] != NULL) {
+            /* our own spill tier, mapped here */
+            p = (char *)ctx->tier[tier]->base + (raddr - ctx->mr[tier].bases[trank]);
+        } else {
+            /* a peer's spill tier: no mirror, UCX */
+            ema__xport_app_enter(ctx->xp);
+            status = cpath_ucx_op(ctx, trank, tier, op == EMA_OP_GET, buf, raddr, n);
+            ema__xport_app_leave(ctx->xp);
+            goto next;
+        }
         if (p == NULL) {
             status = EMA_ERR_TRANSPORT;
             break;
         }
         status = (op == EMA_OP_PUT) ? dev->ops->rma_copy_start(dev, p, buf, n)
                                     : dev->ops->rma_copy_start(dev, buf, p, n);
+    next:
         buf = (char *)buf + n;
         offset += n;
         len -= n;
@@ -285,32 +321,19 @@ ema_status_t ema__win_rma_cdirect(ema_win_h win, ema_op_t op, int rank, size_t o
 
 /* --- the probe -------------------------------------------------------------- */
 
-static void cpath_noop_cb(void *request, ucs_status_t status, void *user_data)
-{
-}
-
 /* GB/s of @iters UCX puts (or gets) of @len bytes between @local and
  * @raddr of @peer, each completed with a flush of the endpoint; 0 on
  * failure. */
 static double cpath_probe_ucx(ema__win_ctx_t *ctx, int peer, int get, void *local,
                               uint64_t raddr, size_t len)
 {
-    ucp_request_param_t param = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK,
-                                 .cb.send      = cpath_noop_cb};
-    ucp_rkey_h rkey = ema__xport_mr_rkey(&ctx->mr[EMA_TIER_DEVICE], peer, raddr);
     double t0 = 0;
 
     for (int i = 0; i <= CPATH_PROBE_ITERS; i++) {
         if (i == 1) {
             t0 = ema__now_us(); /* the first one warms the path up */
         }
-        ucs_status_ptr_t sp = get ? ucp_get_nbx(ctx->xp->eps[peer], local, len, raddr, rkey,
-                                                &param)
-                                  : ucp_put_nbx(ctx->xp->eps[peer], local, len, raddr, rkey,
-                                                &param);
-        if (ema__xport_wait_req(ctx->xp, sp, peer, get ? "ucp_get_nbx" : "ucp_put_nbx") !=
-                EMA_SUCCESS ||
-            ema__xport_flush_ep(ctx->xp, peer) != EMA_SUCCESS) {
+        if (cpath_ucx_op(ctx, peer, EMA_TIER_DEVICE, get, local, raddr, len) != EMA_SUCCESS) {
             return 0;
         }
     }

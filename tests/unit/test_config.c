@@ -1,8 +1,11 @@
 /* Configuration (src/util/config.h): size parsing with suffixes and bad
  * values, and ema__config_read on a table of this test's own, with values
  * from the environment (set with setenv), defaults, and bad values that fail
- * with one clear log line. */
+ * with one clear log line.  And the spill tier each memory kind gets from
+ * EMA_SPILL and EMA_CUDA_SPILL (the pool's table): the cuda kind's is
+ * opt-in. */
 #include "util/config.h"
+#include "runtime/runtime.h"
 
 #include "check_main.h"
 #include "log_capture.h"
@@ -265,6 +268,65 @@ EMA_TEST("read", test_print_shows_each_variable_with_value_and_default)
     ck_assert_ptr_nonnull(strstr(out, "EMA_UTEST_SEG=auto"));
     ck_assert_ptr_nonnull(strstr(out, "EMA_UTEST_MODE=safe"));
     ck_assert_ptr_nonnull(strstr(out, "fast|safe|off"));
+}
+END_TEST
+
+/* EMA_SPILL and EMA_CUDA_SPILL, read from the pool's own table. */
+static ema__pool_config_t read_pool_cfg(const char *spill, const char *cuda_spill)
+{
+    ema__pool_config_t c;
+    memset(&c, 0x5e, sizeof(c));
+    unsetenv("EMA_SPILL");
+    unsetenv("EMA_CUDA_SPILL");
+    if (spill != NULL) {
+        setenv("EMA_SPILL", spill, 1);
+    }
+    if (cuda_spill != NULL) {
+        setenv("EMA_CUDA_SPILL", cuda_spill, 1);
+    }
+    ck_assert_int_eq(ema__config_read(ema__pool_config_table, &c), EMA_SUCCESS);
+    unsetenv("EMA_SPILL");
+    unsetenv("EMA_CUDA_SPILL");
+    return c;
+}
+
+EMA_TEST("spill", test_cuda_spill_is_off_by_default_and_opt_in)
+{
+    ema__pool_config_t c = read_pool_cfg(NULL, NULL);
+    ck_assert_int_eq(c.spill, 1); /* EMA_SPILL=host */
+    ck_assert_int_eq(c.cuda_spill, 0);
+    ck_assert_int_eq(ema__runtime_spill_tier(&c, EMA_MEMORY_KIND_HOST), EMA_SPILL_TIER_HOST);
+    ck_assert_int_eq(ema__runtime_spill_tier(&c, EMA_MEMORY_KIND_CUDA), EMA_SPILL_TIER_NONE);
+
+    static const char *yes[] = {"y", "yes", "1", "on", "TRUE"};
+    for (size_t i = 0; i < sizeof(yes) / sizeof(yes[0]); i++) {
+        c = read_pool_cfg(NULL, yes[i]);
+        ck_assert_msg(c.cuda_spill == 1, "EMA_CUDA_SPILL=%s not read as on", yes[i]);
+        ck_assert_int_eq(ema__runtime_spill_tier(&c, EMA_MEMORY_KIND_CUDA),
+                         EMA_SPILL_TIER_CUDA_HOST);
+        ck_assert_int_eq(ema__runtime_spill_tier(&c, EMA_MEMORY_KIND_HOST), EMA_SPILL_TIER_HOST);
+    }
+    c = read_pool_cfg(NULL, "n");
+    ck_assert_int_eq(ema__runtime_spill_tier(&c, EMA_MEMORY_KIND_CUDA), EMA_SPILL_TIER_NONE);
+    /* EMA_SPILL=none wins on every kind */
+    c = read_pool_cfg("none", "y");
+    ck_assert_int_eq(ema__runtime_spill_tier(&c, EMA_MEMORY_KIND_CUDA), EMA_SPILL_TIER_NONE);
+    ck_assert_int_eq(ema__runtime_spill_tier(&c, EMA_MEMORY_KIND_HOST), EMA_SPILL_TIER_NONE);
+}
+END_TEST
+
+EMA_TEST("spill", test_cuda_spill_bad_value_fails_the_read_naming_it)
+{
+    char path[] = "/tmp/ema-test-config.XXXXXX", log[1024] = "";
+    ema_log_capture_t cap;
+    ema__pool_config_t c;
+    setenv("EMA_CUDA_SPILL", "maybe", 1);
+    ck_assert_int_eq(ema_log_capture_begin(&cap, path), 0);
+    ema_status_t s = ema__config_read(ema__pool_config_table, &c);
+    ema_log_capture_end(&cap, log, sizeof(log), 0);
+    unsetenv("EMA_CUDA_SPILL");
+    ck_assert_int_eq(s, EMA_ERR_INVALID_PARAM);
+    ck_assert_msg(strstr(log, "EMA_CUDA_SPILL") != NULL, "no variable named: %s", log);
 }
 END_TEST
 

@@ -311,14 +311,21 @@ ema_win_h ema__win_find(ema__win_ctx_t *ctx, uint32_t id)
 
 /* The window after @win in ctx->wins (the first for NULL).  ctx->lock
  * guards the links, not the windows, so a walk that locks each window in
- * turn reads each link under it: ema_win_free unlinks a window and puts it
- * on ctx->dead (under ctx->lock) while a walk may stand on it; the walk
- * then goes on into the dead list, whose windows stay in memory until
- * ema__win_ctx_cleanup and say by their magic that they are to be skipped. */
+ * turn reads each link under it.  ema_win_free unlinks a window and puts it
+ * on ctx->dead (under ctx->lock) while a walk may stand on it: its next
+ * link then leads into the dead list, past the live windows after it, so
+ * the walk starts again from the head instead.  The walks (a recall, the
+ * end of a recall) are idempotent per window, and a window is unlinked
+ * once, so this ends.  A freed window stays in memory until
+ * ema__win_ctx_cleanup, so standing on one is safe. */
 ema_win_h ema__win_list_next(ema__win_ctx_t *ctx, ema_win_h win)
 {
+    ema_win_h w;
+
     pthread_mutex_lock(&ctx->lock);
-    ema_win_h next = win != NULL ? win->next : ctx->wins;
+    for (w = ctx->wins; win != NULL && w != NULL && w != win; w = w->next) {
+    }
+    ema_win_h next = (win == NULL || w == NULL) ? ctx->wins : win->next;
     pthread_mutex_unlock(&ctx->lock);
     return next;
 }

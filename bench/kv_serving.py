@@ -40,9 +40,15 @@ SCENARIOS = ["rotating", "stationary", "allbusy"]
 # few seconds reach their steady state (see doc/kv_serving.md).
 PRESETS = {
     "host": dict(kv_mem="1M", seg="64K", tok_bytes=64, args=[]),
-    "cuda": dict(kv_mem="2G", seg=None, tok_bytes=131072,
-                 args=["--phase", "1.5", "--warmup", "1", "--drain", "1.5",
-                       "--prompt", "256,0.8,16,1024", "--output", "48,0.7,8,192",
+    # cuda: decode-heavy requests (prompts of 128, outputs of 256 tokens at
+    # the median), so that K/V memory, not prefill, bounds a hot rank; C =
+    # 1 GiB, so that reading it (about 2 ms a step on an H200 shared by 4
+    # ranks) costs less than streaming the 8 GB of weights; phases of 6 s,
+    # about two request lifetimes.  The first H200 run, with 1.5 s phases
+    # and 48-token outputs, was prefill-bound (doc/kv_serving.md).
+    "cuda": dict(kv_mem="1G", seg=None, tok_bytes=131072,
+                 args=["--phase", "6", "--warmup", "2", "--drain", "3",
+                       "--prompt", "128,0.6,16,512", "--output", "256,0.6,32,768",
                        "--weights-gb", "8"]),
 }
 
@@ -159,12 +165,12 @@ def calibrate_demand(a, binary, model):
     a demand that ends up below C would test nothing.  So: pilot runs of the
     oracle (memory never limits it) on seed 1 of the rotating load, measure
     the hot ranks' KV in use, scale the hot demand by HOT / measured, at
-    most 3 times.  Returns the scale."""
+    most 4 times.  Returns the scale."""
     path = os.path.join(a.out, "load_scale.txt")
     if os.path.exists(path) and not a.force:
         return float(open(path).read().split()[0])
     scale, log = 1.0, []
-    for it in range(3):
+    for it in range(4):
         d = os.path.join(a.out, "pilot", "p%d" % it)
         if os.path.isdir(d):
             shutil.rmtree(d)
@@ -550,7 +556,7 @@ def main():
     ap.add_argument("--scenarios", default=",".join(SCENARIOS))
     ap.add_argument("--sweep", default="", help="hot demands for the load sweep, e.g. 1,1.4,2.2")
     ap.add_argument("--sweep-seeds", type=int, default=2)
-    ap.add_argument("--kv-mem", help="C per rank (host 1M, cuda 2G)")
+    ap.add_argument("--kv-mem", help="C per rank (host 1M, cuda 1G)")
     ap.add_argument("--seg", help="EMA_SEGMENT_SIZE (host 64K; cuda: EMA's default)")
     ap.add_argument("--tok-bytes", type=int)
     ap.add_argument("--oracle-mult", type=float, default=3)

@@ -1,6 +1,6 @@
 /*
  * Lost peers: the one place a rank is marked dead (xp->lost[], an atomic
- * byte per rank), and the checks that find it.  Three sources report a
+ * byte per rank), and the checks that find it.  Four sources report a
  * death, whichever comes first:
  *
  *   - the peers' process ids (one node): a pidfd per peer, polled at most
@@ -8,8 +8,9 @@
  *     (ema__xport_peers_check, from every wait pass and the progress
  *     thread); a pidfd turns readable when its process exits, zombie or
  *     not;
- *   - UCX: every endpoint is created with UCP_ERR_HANDLING_MODE_PEER, and
- *     its error callback marks its rank;
+ *   - UCX, with EMA_UCX_PEER_ERRORS=y: the endpoints are created with
+ *     UCP_ERR_HANDLING_MODE_PEER, and their error callback marks the rank
+ *     (off by default: UCX 1.13 then drops its shared-memory transports);
  *   - the launcher: a PMIx event handler (boot/boot.c), wired up by the
  *     runtime, for launchers that deliver one;
  *   - and a peer that does not answer a request within EMA_PEER_TIMEOUT

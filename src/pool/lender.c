@@ -18,6 +18,17 @@ uint32_t ema__pool_lendable_locked(ema__pool_t *pool)
 }
 
 
+/* Lent segment @s is back (under pool->lock): free again; returns 1 when a
+ * recall was waiting for it (the caller takes it off recall_pending). */
+static int pool_seg_back_locked(ema__pool_t *pool, uint32_t s)
+{
+    int recalled = pool->recalling[s] != 0;
+    pool->lent_to[s]   = -1;
+    pool->recalling[s] = 0;
+    ema__seg_pool_free(&pool->arena->pool, 1, &s);
+    return recalled;
+}
+
 static void ema_pool_grant(ema__pool_t *pool, int src, const ema_pool_msg_t *req)
 {
     uint32_t want = req->count, k;
@@ -52,14 +63,21 @@ static void ema_pool_grant(ema__pool_t *pool, int src, const ema_pool_msg_t *req
         memcpy(payload, segs, (size_t)k * sizeof(uint32_t));
         memcpy(payload + (size_t)k * sizeof(uint32_t), handles, (size_t)k * sizeof(int64_t));
     }
-    if (payload == NULL || ema__pool_send(pool, src, &m, payload, plen) != EMA_SUCCESS) {
-        ema_error("cannot answer a borrow request from rank %d", src);
+    int sent = payload != NULL && ema__pool_send(pool, src, &m, payload, plen) == EMA_SUCCESS;
+    if (!sent) {
+        ema_error("cannot answer a borrow request from rank %d: its %u segments stay here", src,
+                  k);
     }
+    int recalled = 0;
     pthread_mutex_lock(&pool->lock);
     for (uint32_t i = 0; i < k; i++) {
         pool->granting[segs[i]] = 0;
+        if (!sent && pool->lent_to[segs[i]] == src) { /* (a lost rank's may be back already) */
+            recalled += pool_seg_back_locked(pool, segs[i]);
+        }
     }
     pthread_mutex_unlock(&pool->lock);
+    atomic_fetch_sub(&pool->recall_pending, recalled);
     free(payload);
     free(segs);
     free(handles);
@@ -97,15 +115,9 @@ ema_status_t ema__pool_take_back(ema__pool_t *pool, int src, uint32_t count,
         return EMA_ERR_INVALID_PARAM;
     }
     for (i = 0; i < count; i++) {
-        uint32_t s = segs[i];
-        pool->lent_to[s] = -1;
-        ema_trace("rank %d gave back segment %u%s", src, s,
-                  pool->recalling[s] ? " (recalled)" : "");
-        if (pool->recalling[s]) {
-            pool->recalling[s] = 0;
-            recalled++;
-        }
-        ema__seg_pool_free(&pool->arena->pool, 1, &s);
+        ema_trace("rank %d gave back segment %u%s", src, segs[i],
+                  pool->recalling[segs[i]] ? " (recalled)" : "");
+        recalled += pool_seg_back_locked(pool, segs[i]);
     }
     pthread_mutex_unlock(&pool->lock);
     atomic_fetch_sub(&pool->recall_pending, recalled);
@@ -279,23 +291,21 @@ void ema__pool_peer_lost(void *arg, int peer)
 {
     ema__pool_t *pool = arg;
     uint32_t nsegs = pool->arena->pool.nsegs, n = 0;
-    uint32_t *segs = malloc(sizeof(uint32_t) * (nsegs ? nsegs : 1));
+    int recalled = 0;
 
-    if (segs == NULL) {
-        ema_error("out of memory taking back what rank %d borrowed", peer);
-        return;
-    }
+    /* one pass under the lock: a give-back from the dying rank handled in
+     * between cannot make part of it fail */
     pthread_mutex_lock(&pool->lock);
     for (uint32_t s = 0; s < nsegs; s++) {
         if (pool->lent_to[s] == peer) {
-            segs[n++] = s;
+            recalled += pool_seg_back_locked(pool, s);
+            n++;
         }
     }
     pthread_mutex_unlock(&pool->lock);
+    atomic_fetch_sub(&pool->recall_pending, recalled);
     if (n > 0) {
         ema_info("rank %d is lost: %u segments lent to it are back", peer, n);
-        ema__pool_take_back(pool, peer, n, segs);
         ema__pool_advertise(pool);
     }
-    free(segs);
 }

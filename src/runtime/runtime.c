@@ -534,6 +534,8 @@ err_pool:
 err_win:
     ema__win_ctx_cleanup(&w->win);
 err_xport:
+    /* the PMIx handler's argument is &w->xp: off before xp goes */
+    ema__boot_unwatch(&w->boot);
     ema__xport_destroy(&w->xp);
 err_spill:
     ema__mem_arena_destroy(w->spill);
@@ -544,7 +546,6 @@ err_arena:
 err_topo:
     runtime_topo_cleanup(w);
 err_boot:
-    ema__boot_unwatch(&w->boot);
     ema__boot_abandon(&w->boot);
 err_state:
     atomic_store(&ema__state, EMA_STATE_NONE);

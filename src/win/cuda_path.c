@@ -387,8 +387,10 @@ ema_status_t ema__win_cuda_path_select(ema__win_ctx_t *ctx)
         }
         uint64_t raddr = ctx->mr[EMA_TIER_DEVICE].bases[r] +
                          (uint64_t)(cp->nh[r] - 1) * ctx->seg_size;
-        cp->ucx_put[r] = cpath_probe_ucx(ctx, r, 0, local, raddr, len);
-        cp->ucx_get[r] = cpath_probe_ucx(ctx, r, 1, local, raddr, len);
+        if (cp->cfg != EMA_CUDA_PATH_DIRECT) { /* forced direct: UCX's figures unused */
+            cp->ucx_put[r] = cpath_probe_ucx(ctx, r, 0, local, raddr, len);
+            cp->ucx_get[r] = cpath_probe_ucx(ctx, r, 1, local, raddr, len);
+        }
         char *dst = (cp->cfg != EMA_CUDA_PATH_UCX && cp->mirror[r] != NULL)
                         ? ema__win_cpath_addr(ctx, r, raddr)
                         : NULL;
@@ -473,6 +475,11 @@ void ema__win_cpath_print(const ema__win_ctx_t *ctx, FILE *stream)
             cpath_name(cp->cfg));
     for (int r = 0; r < ctx->size; r++) {
         if (r == ctx->rank) {
+            continue;
+        }
+        if (cp->cfg == EMA_CUDA_PATH_DIRECT) {
+            fprintf(stream, "#   to rank %-4d ucx not probed; direct copy %7.1f GB/s\n", r,
+                    cp->direct[r]);
             continue;
         }
         fprintf(stream, "#   to rank %-4d ucx put %7.1f GB/s, get %7.1f GB/s (%s); direct "

@@ -196,10 +196,16 @@ static uint32_t policy_short(const policy_plan_t *p, uint32_t nfree)
     return (need < p->nbehind) ? need : p->nbehind;
 }
 
-/* A lender's recall is queued or running: note that this window yielded
- * (first, so that a recall ending meanwhile sees it), then look. */
+/* Whether a lender's recall is queued or running, so that the policy
+ * yields.  Only then is the yield noted, for the recall's end to queue the
+ * policy again (a flag set on every run made each recall's end requeue
+ * every window's policy); noted before the second look, so that a recall
+ * ending in between either sees the note or is seen ended here. */
 static int policy_yield(ema__win_ctx_t *ctx)
 {
+    if (atomic_load(&ctx->recalls) == 0) {
+        return 0;
+    }
     atomic_store(&ctx->policy_yielded, 1);
     return atomic_load(&ctx->recalls) > 0;
 }

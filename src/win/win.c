@@ -272,7 +272,7 @@ void ema__win_ctx_cleanup(ema__win_ctx_t *ctx)
      * the handles kept to detect stale use remain. */
     while (ctx->dead != NULL) {
         struct ema_win *w = ctx->dead;
-        ctx->dead = w->next;
+        ctx->dead = w->dead_next;
         pthread_mutex_destroy(&w->lock); /* kept alive for ema__win_recall's walk */
         free(w);
     }
@@ -311,21 +311,15 @@ ema_win_h ema__win_find(ema__win_ctx_t *ctx, uint32_t id)
 
 /* The window after @win in ctx->wins (the first for NULL).  ctx->lock
  * guards the links, not the windows, so a walk that locks each window in
- * turn reads each link under it.  ema_win_free unlinks a window and puts it
- * on ctx->dead (under ctx->lock) while a walk may stand on it: its next
- * link then leads into the dead list, past the live windows after it, so
- * the walk starts again from the head instead.  The walks (a recall, the
- * end of a recall) are idempotent per window, and a window is unlinked
- * once, so this ends.  A freed window stays in memory until
- * ema__win_ctx_cleanup, so standing on one is safe. */
+ * turn reads each link under it.  A window unlinked by ema_win_free while a
+ * walk stands on it keeps its next link (the dead list has its own,
+ * dead_next), so the walk goes on to the windows that followed it; freed
+ * windows stay in memory until ema__win_ctx_cleanup and are skipped by
+ * their magic. */
 ema_win_h ema__win_list_next(ema__win_ctx_t *ctx, ema_win_h win)
 {
-    ema_win_h w;
-
     pthread_mutex_lock(&ctx->lock);
-    for (w = ctx->wins; win != NULL && w != NULL && w != win; w = w->next) {
-    }
-    ema_win_h next = (win == NULL || w == NULL) ? ctx->wins : win->next;
+    ema_win_h next = (win != NULL) ? win->next : ctx->wins;
     pthread_mutex_unlock(&ctx->lock);
     return next;
 }
@@ -636,8 +630,8 @@ ema_status_t ema__win_free(ema__win_ctx_t *ctx, ema_win_h win)
     win->parts = NULL;
     win->base  = NULL;
     pthread_mutex_lock(&ctx->lock);
-    win->next  = ctx->dead;
-    ctx->dead  = win;
+    win->dead_next = ctx->dead;
+    ctx->dead      = win;
     pthread_mutex_unlock(&ctx->lock);
     /* Borrowed segments went back to their lenders above, each with an
      * active message handled on arrival.  The barrier is all-to-all, and

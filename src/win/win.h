@@ -250,6 +250,7 @@ struct ema_win {
     size_t           reserved; /* address space reserved at base */
     ema__win_part_t *parts;    /* [size] */
     struct ema_win  *next;
+    struct ema_win  *dead_next; /* ctx->dead, once freed (next stays as it was) */
 
     /* owner side */
     ema__win_mutex_t lock;     /* structural changes of the own part; taken

@@ -96,19 +96,9 @@ static void ema_xport_send_cb(void *request, ucs_status_t status, void *user_dat
 {
 }
 
-typedef struct {
-    ucs_status_ptr_t sp;
-    ema__xport_t    *xp;
-    int              peer;   /* -1: any rank lost since nlost0 ends the wait */
-    unsigned         nlost0;
-} ema_xport_req_wait_t;
-
-static int ema_xport_request_done(void *arg)
+static int ema_xport_request_done(void *sp)
 {
-    const ema_xport_req_wait_t *w = arg;
-    return ucp_request_check_status(w->sp) != UCS_INPROGRESS ||
-           (w->peer >= 0 ? ema__xport_peer_lost(w->xp, w->peer)
-                         : atomic_load(&w->xp->nlost) != w->nlost0);
+    return ucp_request_check_status(sp) != UCS_INPROGRESS;
 }
 
 ema_status_t ema__xport_wait_req(ema__xport_t *xp, ucs_status_ptr_t sp, int peer,
@@ -126,9 +116,10 @@ ema_status_t ema__xport_wait_req(ema__xport_t *xp, ucs_status_ptr_t sp, int peer
         }
         return ema__xport_status(status);
     }
-    ema_xport_req_wait_t w = {sp, xp, peer, atomic_load(&xp->nlost)};
+    /* the one wait on a peer: ends when @peer (-1: any rank) is lost, or
+     * after EMA_PEER_TIMEOUT */
     ema__xport_app_enter(xp);
-    ema__xport_wait_until(xp, EMA_WAIT_XPORT, 0, ema_xport_request_done, &w);
+    (void)ema__xport_wait_peer(xp, EMA_WAIT_XPORT, peer, ema_xport_request_done, sp);
     status = ucp_request_check_status(sp);
     ema__xport_app_leave(xp);
     /* a request left to a lost peer is freed when UCX completes it (an

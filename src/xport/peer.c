@@ -5,7 +5,7 @@
  *
  *   - the peers' process ids (one node): a pidfd per peer, polled at most
  *     every EMA_PEER_CHECK_US by whichever thread waits or progresses
- *     (ema__xport_peers_check, from every wait pass and the progress
+ *     (ema__xport_peers_check, from every idle wait pass and the progress
  *     thread); a pidfd turns readable when its process exits, zombie or
  *     not;
  *   - UCX, with EMA_UCX_PEER_ERRORS=y: the endpoints are created with
@@ -18,9 +18,9 @@
  *
  * Marking is idempotent and safe from any thread, UCX callbacks included:
  * it sets the byte, bumps xp->nlost (which ends waits that depend on any
- * peer) and queues one quick job that runs the upper layers' hooks
- * (ema__xport_on_lost: the pool takes back what it lent to the rank, the
- * windows mark the rank's ranges lost) outside UCX callbacks.
+ * peer) and queues one quick job that runs the pool's hook
+ * (ema__xport_on_lost: it takes back what it lent to the rank) outside UCX
+ * callbacks; the windows read xp->lost where they reach a rank.
  */
 #include "xport.h"
 
@@ -44,8 +44,8 @@ typedef struct {
 static void ema_xport_lost_job(void *arg)
 {
     ema_lost_job_t *j = arg;
-    for (unsigned i = 0; i < j->xp->nlost_hooks; i++) {
-        j->xp->lost_hook[i].cb(j->xp->lost_hook[i].arg, j->peer);
+    if (j->xp->lost_cb != NULL) {
+        j->xp->lost_cb(j->xp->lost_arg, j->peer);
     }
     free(j); /* a job frees its argument (ema__xport_destroy does, if it never ran) */
 }
@@ -76,11 +76,8 @@ void ema__xport_mark_lost(ema__xport_t *xp, int peer, const char *why)
 
 void ema__xport_on_lost(ema__xport_t *xp, ema__lost_cb cb, void *arg)
 {
-    if (xp->nlost_hooks < EMA_XPORT_LOST_HOOKS) {
-        xp->lost_hook[xp->nlost_hooks].cb  = cb;
-        xp->lost_hook[xp->nlost_hooks].arg = arg;
-        xp->nlost_hooks++;
-    }
+    xp->lost_cb  = cb;
+    xp->lost_arg = arg;
 }
 
 void ema__xport_peers_init(ema__xport_t *xp)
@@ -90,7 +87,8 @@ void ema__xport_peers_init(ema__xport_t *xp)
     xp->pid    = calloc((size_t)xp->size, sizeof(*xp->pid));
     atomic_init(&xp->nlost, 0);
     atomic_init(&xp->next_check_us, 0);
-    xp->nlost_hooks = 0;
+    xp->lost_cb     = NULL;
+    xp->lost_arg    = NULL;
     xp->closing     = 0;
     for (int r = 0; xp->pidfd != NULL && r < xp->size; r++) {
         xp->pidfd[r] = -1;
@@ -182,8 +180,8 @@ ema_status_t ema__xport_wait_peer(ema__xport_t *xp, unsigned mode, int peer,
     if (peer >= 0 && ema__xport_peer_lost(xp, peer) && !cond(arg)) {
         return EMA_ERR_PEER_LOST;
     }
-    double deadline = (xp->peer_timeout > 0 && peer >= 0)
-                          ? ema__now_us() + xp->peer_timeout * 1e6 : 0;
+    double deadline = (xp->cfg.peer_timeout > 0 && peer >= 0)
+                          ? ema__now_us() + xp->cfg.peer_timeout * 1e6 : 0;
     ema_status_t st = ema__xport_wait_until(xp, mode, deadline, ema_xport_peer_done, &w);
     if (st == EMA_ERR_TIMEOUT) {
         ema__xport_mark_lost(xp, peer, "no answer within EMA_PEER_TIMEOUT");

@@ -69,7 +69,6 @@ unsigned ema__xport_wait_pass(ema__xport_t *xp, unsigned mode)
     unsigned n = 0, base = mode & EMA_WAIT_MODE_MASK;
 
     if (base != EMA_WAIT_NONE) {
-        ema__xport_peers_check(xp); /* a dead peer ends the waits on it */
         n += ema__xport_progress(xp);
     }
     if (base == EMA_WAIT_QUICK || base == EMA_WAIT_LONG) {
@@ -80,6 +79,9 @@ unsigned ema__xport_wait_pass(ema__xport_t *xp, unsigned mode)
 
 void ema__xport_wait_idle(ema__xport_t *xp, unsigned mode, unsigned *idle)
 {
+    /* a dead peer ends the waits on it: looked for when a pass found
+     * nothing to do, not on the passes of a wait that is moving */
+    ema__xport_peers_check(xp);
     if ((mode & EMA_WAIT_NAP) && ++*idle > EMA_WAIT_NAP_AFTER) {
         struct timespec ts = {0, EMA_WAIT_NAP_NS};
         nanosleep(&ts, NULL);
@@ -110,12 +112,6 @@ int ema__xport_flag_reached(void *arg)
 {
     const ema__wait_flag_t *f = arg;
     return atomic_load(f->counter) >= f->target;
-}
-
-void ema__xport_wait_flag(ema__xport_t *xp, unsigned mode, atomic_int *counter, int target)
-{
-    ema__wait_flag_t f = {counter, target};
-    ema__xport_wait_until(xp, mode, 0, ema__xport_flag_reached, &f);
 }
 
 void ema__xport_wait_step(ema__xport_t *xp, unsigned mode)

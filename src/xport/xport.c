@@ -26,8 +26,8 @@ const ema_config_field_t ema__xport_config_table[] = {
      "tcp over loopback. Without it a dead peer is found by its process id",
      EMA_XPORT_CFG(peer_errors), &ema__config_bool},
     {"PEER_TIMEOUT", "0",
-     "seconds a peer may leave a request unanswered (a borrow, an invalidation, a table, "
-     "an atomic, a flush) before it counts as lost, as if it had died (0: no limit; a dead "
+     "seconds a peer may leave a request unanswered (a borrow, a table, an atomic, a UCX "
+     "put, get or flush) before it counts as lost, as if it had died (0: no limit; a dead "
      "process is noticed within milliseconds either way)",
      EMA_XPORT_CFG(peer_timeout), &ema__config_double},
     EMA_CONFIG_TABLE_END};
@@ -109,7 +109,6 @@ ema_status_t ema__xport_create(ema__xport_t *xp, int rank, int size)
     ema__xport_sched_init(xp);
     ema__xport_waiters_init(xp);
     ema__xport_peers_init(xp);
-    xp->peer_timeout = xp->cfg.peer_timeout;
     atomic_init(&xp->app_state, 0);
 
     status = ucp_config_read(NULL, NULL, &config);

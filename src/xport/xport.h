@@ -47,7 +47,6 @@ typedef struct ema__xport_config {
 /* What an upper layer does when a rank is lost (xport/peer.c); runs as a
  * quick job, outside UCX callbacks, once per rank. */
 typedef void (*ema__lost_cb)(void *arg, int peer);
-#define EMA_XPORT_LOST_HOOKS 4
 
 typedef struct ema__coll_slot {
     uint64_t  seq;
@@ -150,16 +149,12 @@ typedef struct ema__xport {
      * every wait on a peer and by put/get; set once, never cleared. */
     _Atomic uint8_t *lost;           /* [size] */
     atomic_uint      nlost;          /* ranks lost so far: ends waits on all */
-    double           peer_timeout;   /* seconds, 0: none (EMA_PEER_TIMEOUT) */
     int32_t         *pid;            /* [size] the peers' processes (one node) */
     int             *pidfd;          /* [size] pidfd_open of each, -1: none */
     _Atomic uint64_t next_check_us;  /* when the pids are polled next */
     int              closing;        /* ema__xport_destroy: endpoint errors are expected */
-    unsigned         nlost_hooks;
-    struct {
-        ema__lost_cb cb;
-        void        *arg;
-    } lost_hook[EMA_XPORT_LOST_HOOKS];
+    ema__lost_cb     lost_cb;        /* ema__xport_on_lost: the pool's */
+    void            *lost_arg;
 
     char             transports[256]; /* as UCX reports them, for ema_info */
     ema__waiters_t   waiters;         /* ids sent in requests, for the replies */
@@ -248,9 +243,6 @@ ema_status_t ema__xport_wait_until(ema__xport_t *xp, unsigned mode, double deadl
                                    ema__wait_cond_cb cond, void *arg);
 /* Whether *@arg (an ema__wait_flag_t) reached its target. */
 int          ema__xport_flag_reached(void *arg);
-/* The same until *@counter >= @target, with no deadline. */
-void         ema__xport_wait_flag(ema__xport_t *xp, unsigned mode, atomic_int *counter,
-                                  int target);
 /* A wait on @peer's answer (xport/peer.c): EMA_ERR_PEER_LOST as soon as
  * @peer is lost (-1: as soon as any rank is lost, for collectives), or
  * when it leaves the wait unanswered past EMA_PEER_TIMEOUT (it then counts
@@ -268,7 +260,8 @@ void ema__xport_peers_watch(ema__xport_t *xp, int peer, int32_t pid);
 void ema__xport_peers_check(ema__xport_t *xp);
 /* Mark @peer lost, once; any thread, UCX callbacks too. */
 void ema__xport_mark_lost(ema__xport_t *xp, int peer, const char *why);
-/* Run @cb(@arg, rank) (a quick job) for each rank lost. */
+/* Run @cb(@arg, rank) (a quick job) for each rank lost (one hook: the
+ * pool's; the windows read xp->lost directly). */
 void ema__xport_on_lost(ema__xport_t *xp, ema__lost_cb cb, void *arg);
 
 static inline int ema__xport_peer_lost(const ema__xport_t *xp, int peer)

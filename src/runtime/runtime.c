@@ -191,6 +191,8 @@ static ema_status_t runtime_topo_setup(ema__world_t *w)
 {
     int shared = 0;
 
+    /* unknown topology: ranks may share the GPUs the driver shows */
+    w->gpu_shared = w->boot.size > 1;
     if (ema__topo_load(&w->topo) != EMA_SUCCESS) {
         ema_warn("no topology (hwloc failed): lenders are ordered by lendable memory only");
         w->topo = NULL;
@@ -208,6 +210,7 @@ static ema_status_t runtime_topo_setup(ema__world_t *w)
         runtime_topo_cleanup(w);
         return status;
     }
+    w->gpu_shared = shared;
     if (shared && w->boot.rank == 0) {
         ema_info("several ranks share a GPU, each with its own EMA_DEVICE_MEMORY");
     }
@@ -312,20 +315,6 @@ static ema_status_t ema_check_sizes(const ema__world_t *w, const ema__mem_ops_t 
         }
     }
     return EMA_SUCCESS;
-}
-
-/* Do two ranks use the same GPU?  Also where the topology is unknown and
- * there are more ranks than GPUs the driver shows. */
-static int runtime_gpu_shared(const ema__world_t *w)
-{
-    for (int a = 0; w->gpu_of_rank != NULL && a < w->boot.size; a++) {
-        for (int b = a + 1; w->gpu_of_rank[a] >= 0 && b < w->boot.size; b++) {
-            if (w->gpu_of_rank[a] == w->gpu_of_rank[b]) {
-                return 1;
-            }
-        }
-    }
-    return w->gpu_of_rank == NULL && w->boot.size > 1;
 }
 
 /* The modex blob: [u32 address length][UCX worker address][win layer blob]. */
@@ -480,7 +469,7 @@ EMA_EXPORT ema_status_t ema_init(const ema_init_params_t *params)
     /* UCX turns cuda_ipc's zero-copy GET off where it sees no NVLink, as
      * between ranks that share one GPU, and gets then run at a fraction of
      * a copy's speed: turn it on there, unless the user set it. */
-    if (ops->kind == EMA_MEMORY_KIND_CUDA && runtime_gpu_shared(w) &&
+    if (ops->kind == EMA_MEMORY_KIND_CUDA && w->gpu_shared &&
         getenv("UCX_CUDA_IPC_ENABLE_GET_ZCOPY") == NULL) {
         setenv("UCX_CUDA_IPC_ENABLE_GET_ZCOPY", "y", 0);
         ema_debug("ranks share a GPU: UCX_CUDA_IPC_ENABLE_GET_ZCOPY=y");

@@ -59,6 +59,8 @@ typedef struct ema__world {
     ema__topo_t          *topo;          /* NULL if hwloc failed */
     int                  *gpu_of_rank;   /* [size], -1: no GPU */
     int                  *numa_of_rank;  /* [size] */
+    int                   gpu_shared;    /* two ranks use one GPU (or no topology and
+                                            more than one rank: assumed) */
 } ema__world_t;
 
 extern const ema_config_field_t ema__runtime_config_table[];

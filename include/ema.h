@@ -427,8 +427,10 @@ EMA_EXPORT ema_status_t ema_win_set_policy(ema_win_h win, const ema_win_policy_p
 
 /**
  * Report that the application now works on group @a group of the policy
- * (0..count-1; any order).  Non-blocking and lock-free: it records the
- * position and queues the progress engine's job if none is queued.
+ * (0..count-1; any order).  Never waits: it records the position with
+ * atomics and, if the policy's job is not queued already, queues it (a
+ * short insert under the job queue's mutex and a wake-up of the progress
+ * engine).
  * EMA_ERR_STATE when the window has no policy.
  */
 EMA_EXPORT ema_status_t ema_win_advance(ema_win_h win, size_t group);

@@ -3,7 +3,7 @@
 #
 #   contrib/gpu-suite.sh --with-ucx=DIR [--with-pmix=DIR] [--build-dir=DIR]
 #                        [--timeout=SECONDS] [--jobs=N] [--np="2 4"] [--perf-only]
-#                        [--cuda-spill]
+#                        [--cuda-spill] [--only=REGEX]
 #
 # DIR for --with-ucx is a UCX install built with CUDA support (configure
 # --with-cuda); Debian/Ubuntu's UCX packages lack cuda_ipc.  Steps:
@@ -16,11 +16,14 @@
 #   4. test_elastic's held and nomem scenarios and 20 s of ema_stress on 4
 #      ranks; 4b. with --cuda-spill (or GPU_SUITE_CUDA_SPILL=1) only: the
 #      experimental cuda spill tier (EMA_CUDA_SPILL=y): test_elastic's spill
-#      and nolend scenarios and 20 s of ema_stress with it; 5. examples/cuda_window and the Python GPU consumer
+#      and nolend scenarios, test_policy's walk and yield on 2 ranks, and
+#      20 s of ema_stress with it; 5. examples/cuda_window and the Python GPU consumer
 #      (examples/python/cuda_consumer.py) on 1, 2 and 4 ranks; 6. ema_perf on 2
 #      ranks (CSV, kept as $OUT/ema_perf.csv), failing when put or get at 2 MiB
 #      or 64 MiB is below GPU_SUITE_MIN_RATIO (0.8) x raw UCX in the same run,
 #      or when the cuda path in use is not zero-copy (ema_init's warning).
+# --only=REGEX runs, after the build, only the steps whose name matches the
+# extended regular expression (the names are those of the "=== " lines).
 # Each rank gets EMA_DEVICE_MEMORY=2G unless it is set (ema_perf: 10G): 16
 # segments of the default 128 MiB.
 # Check is not needed: configure skips the unit tests without it.
@@ -33,7 +36,7 @@ usage() {
     exit "${1:-2}"
 }
 
-ucx='' pmix='' build='' perf_only=0 cuda_spill=${GPU_SUITE_CUDA_SPILL:-0} timeout=180 jobs=$(nproc 2>/dev/null || echo 4) nps="2 4"
+ucx='' pmix='' build='' perf_only=0 only='' cuda_spill=${GPU_SUITE_CUDA_SPILL:-0} timeout=180 jobs=$(nproc 2>/dev/null || echo 4) nps="2 4"
 for arg in "$@"; do
     case $arg in
     --with-ucx=*)  ucx=${arg#*=} ;;
@@ -44,6 +47,7 @@ for arg in "$@"; do
     --np=*)        nps=${arg#*=} ;;
     --perf-only)   perf_only=1 ;;
     --cuda-spill)  cuda_spill=1 ;;
+    --only=*)      only=${arg#*=} ;;
     -h|--help)     usage 0 ;;
     *)             echo "gpu-suite: unknown argument '$arg'" >&2; usage ;;
     esac
@@ -72,6 +76,12 @@ npass=0 nfail=0 nskip=0 failed=()
 step() {
     local name=$1 t0 rc
     shift
+    case $name in
+    autoreconf|configure|make|"make test programs") ;;
+    *) if [ -n "$only" ] && ! printf '%s\n' "$name" | grep -Eq -- "$only"; then
+           return 0
+       fi ;;
+    esac
     echo
     echo "=== $name"
     echo "+ $*"
@@ -173,6 +183,19 @@ run_mpi_env() { # NP VAR=VALUE... -- PROGRAM ARGS...: with these set on every ra
         "${f[@]}" "${x[@]}" -n "$np" "$@"
 }
 
+bytes_of() { # SIZE as EMA reads it (K, M, G, T, any case, optional B or iB), or fail
+    local n m
+    n=$(printf '%s' "$1" | sed -n 's/^\([0-9][0-9]*\)\([kKmMgGtT]\{0,1\}\)\(i\{0,1\}[bB]\)\{0,1\}$/\1 \2/p')
+    [ -n "$n" ] || return 1
+    set -- $n
+    case ${2:-} in
+    k|K) m=10 ;; m|M) m=20 ;; g|G) m=30 ;; t|T) m=40 ;; *) m=0 ;;
+    esac
+    echo $(($1 << m))
+}
+seg=$(bytes_of "${EMA_SEGMENT_SIZE:-128M}")
+cap=$(bytes_of "$EMA_DEVICE_MEMORY")
+
 if [ "$perf_only" = 0 ]; then # --perf-only: build, then the ema_perf step alone
 step "ema_info" "$build/src/tools/ema_info"
 
@@ -198,6 +221,23 @@ for p in "${progs[@]}"; do
             step "$name $mode np4" run_mpi_env 4 EMA_DEBUG_WIN_LINK_DELAY=300000 -- "$p" "$mode"
         done
         ;;
+    test_policy)
+        # The prefetch policy on 2 ranks, sized in segments as
+        # tests/mpi/policy_np2.sh on the host kind: 8 segments of device
+        # memory each, a spill tier of 16 (the walk's reclaim moves rank 0's
+        # borrowed groups there), with and without a progress thread.
+        if [ "$cuda_spill" = 1 ] && [ -n "$seg" ]; then
+            step "$name walk np2 (EMA_CUDA_SPILL=y)" run_mpi_env 2 EMA_CUDA_SPILL=y \
+                "EMA_DEVICE_MEMORY=$((8 * seg))" EMA_SPILL=host "EMA_SPILL_SIZE=$((16 * seg))" \
+                -- "$p" walk
+            step "$name yield np2 (EMA_CUDA_SPILL=y)" run_mpi_env 2 EMA_CUDA_SPILL=y \
+                "EMA_DEVICE_MEMORY=$((8 * seg))" EMA_SPILL=host "EMA_SPILL_SIZE=$((16 * seg))" \
+                EMA_PROGRESS_THREAD=n -- "$p" yield
+        else
+            echo "gpu-suite: $name not run: its walk's reclaim needs the cuda spill tier" \
+                 "(--cuda-spill)"
+        fi
+        ;;
     test_settings_mismatch)
         # Needs per-rank settings that differ: run by tests/mpi/settings_*.sh
         # in make check (the host kind); nothing of the GPU in it.
@@ -215,19 +255,7 @@ done
 # where each peer can lend 2 segments (the control window takes a third)
 # and a lender's reclaim finds the borrower with nowhere to move them
 # (REFUSE, bytes_wanted).
-bytes_of() { # SIZE as EMA reads it (K, M, G, T, any case, optional B or iB), or fail
-    local n m
-    n=$(printf '%s' "$1" | sed -n 's/^\([0-9][0-9]*\)\([kKmMgGtT]\{0,1\}\)\(i\{0,1\}[bB]\)\{0,1\}$/\1 \2/p')
-    [ -n "$n" ] || return 1
-    set -- $n
-    case ${2:-} in
-    k|K) m=10 ;; m|M) m=20 ;; g|G) m=30 ;; t|T) m=40 ;; *) m=0 ;;
-    esac
-    echo $(($1 << m))
-}
 if [ -x "$build/tests/mpi/test_elastic" ]; then
-    seg=$(bytes_of "${EMA_SEGMENT_SIZE:-128M}")
-    cap=$(bytes_of "$EMA_DEVICE_MEMORY")
     step "test_elastic held np4" run_mpi_env 4 EMA_SPILL=none EMA_LEND_RESERVE=0 -- \
         "$build/tests/mpi/test_elastic" held
     if [ -n "$seg" ] && [ -n "$cap" ] && [ "$cap" -ge $((6 * seg)) ]; then

@@ -1,7 +1,11 @@
 /*
  * The prefetch policy across ranks (ema_win_set_policy, ema_win_advance,
- * ema_win_policy_stat), host kind, 2 ranks: rank 0 walks a window whose
- * part is half in its own memory and half borrowed from rank 1.
+ * ema_win_policy_stat), 2 ranks: rank 0 walks a window whose part is half
+ * in its own memory and half borrowed from rank 1.  Host kind in make check
+ * (tests/mpi/policy_np2.sh, policy_yield_np2.sh); the cuda kind with its
+ * spill tier in contrib/gpu-suite.sh --cuda-spill.  The own part is read and
+ * written through common.h's own_* helpers: plain loads and stores on host,
+ * ema_get / ema_put to itself on cuda.
  *
  *   walk     (progress thread) the next `depth` groups become local at every
  *            step, groups behind leave only to make room, a group held with
@@ -34,26 +38,54 @@ static uint64_t wpat(size_t word, uint64_t seed)
     return (word + 1) * 0x9e3779b97f4a7c15ull ^ seed;
 }
 
-static void fill(uint64_t *p, size_t from, size_t to, uint64_t seed)
+/* p points at the word of byte offset @from */
+static void fill_at(uint64_t *p, size_t from, size_t to, uint64_t seed)
 {
     for (size_t w = from / 8; w < to / 8; w++) {
-        p[w] = wpat(w, seed);
+        p[w - from / 8] = wpat(w, seed);
     }
 }
 
-/* Words of [from, to) that differ from the pattern; reports the first. */
-static size_t check(const uint64_t *p, size_t from, size_t to, uint64_t seed, const char *what)
+/* Words of [from, to) that differ from the pattern (p points at the word
+ * of byte offset @from); reports the first. */
+static size_t check_at(const uint64_t *p, size_t from, size_t to, uint64_t seed,
+                       const char *what)
 {
     size_t bad = 0;
     for (size_t w = from / 8; w < to / 8; w++) {
-        if (p[w] != wpat(w, seed)) {
+        uint64_t v = p[w - from / 8];
+        if (v != wpat(w, seed)) {
             if (bad++ == 0) {
                 T_EXPECT(0, "%s: word at byte %zu is %#" PRIx64 ", expected %#" PRIx64, what,
-                         w * 8, p[w], wpat(w, seed));
+                         w * 8, v, wpat(w, seed));
             }
         }
     }
     return bad;
+}
+
+/* The pattern into [from, to) of this rank's own part of @w: stores
+ * through the base pointer on the host kind, ema_put to itself on cuda
+ * (common.h own_write). */
+static void fill(ema_win_h w, uint64_t *base, size_t from, size_t to, uint64_t seed)
+{
+    uint64_t *tmp = malloc(to - from);
+    T_EXPECT(tmp != NULL, "malloc(%zu)", to - from);
+    if (tmp == NULL) {
+        return;
+    }
+    fill_at(tmp, from, to, seed);
+    own_write(w, base, from, tmp, to - from);
+    free(tmp);
+}
+
+/* check_at() of [from, to) of the own part: plain loads on the host kind,
+ * an ema_get to itself on cuda (common.h own_view). */
+static size_t check(ema_win_h w, const uint64_t *base, size_t from, size_t to, uint64_t seed,
+                    const char *what)
+{
+    const uint64_t *p = (const uint64_t *)own_view(w, base, from, to - from);
+    return check_at(p, from, to, seed, what);
 }
 
 /* check() of [0, size) of @w's own part under ema_win_acquire: the policy's
@@ -63,7 +95,7 @@ static size_t check_held(ema_win_h w, const uint64_t *p, size_t size, uint64_t s
                          const char *what)
 {
     T_OK(ema_win_acquire(w, 0, size));
-    size_t bad = check(p, 0, size, seed, what);
+    size_t bad = check(w, p, 0, size, seed, what);
     T_OK(ema_win_release(w, 0, size));
     return bad;
 }
@@ -133,7 +165,7 @@ static ema_win_h setup(uint64_t **base_p, size_t *size_p)
     T_OK(ema_win_allocate(ema_t_rank == 0 ? cap : 0, &p, &b, &w));
     if (ema_t_rank == 0) {
         T_OK(ema_win_grow(w, size));
-        fill(b, 0, size, 1);
+        fill(w, b, 0, size, 1);
         ema_win_stat_t ws = wstat(w);
         T_EXPECT(ws.bytes_local == cap && ws.bytes_borrowed == size - cap,
                  "setup: local %zu borrowed %zu spilled %zu of %zu", ws.bytes_local,
@@ -177,7 +209,7 @@ static void walk(ema_win_h w, uint64_t *base, const char *what, uint64_t seed0)
         size_t off = g * GSEGS * SEG, len = GSEGS * SEG;
         T_OK(ema_win_acquire(w, off, len));
         snprintf(msg, sizeof(msg), "%s, group %zu read at its step", what, g);
-        check(base, off, off + len, g == 0 ? seed0 : 1, msg);
+        check(w, base, off, off + len, g == 0 ? seed0 : 1, msg);
         T_OK(ema_win_release(w, off, len));
     }
 }
@@ -198,7 +230,7 @@ static void test_walk(void)
         set_policy(w, 0);
         walk(w, base, "first walk", 1);
         /* the owner stores into what it holds, the policy working meanwhile */
-        fill(base, 0, gb, 2);
+        fill(w, base, 0, gb, 2);
         walk(w, base, "second walk", 2);
         ema_win_policy_stat_t st = pstat(w);
         T_EXPECT(st.bytes_prefetched > 0 && st.bytes_evicted > 0 && st.skipped_held > 0,
@@ -208,8 +240,8 @@ static void test_walk(void)
         T_EXPECT(atomic_load(&never_named) == 0 && atomic_load(&heard) > 0,
                  "the held group was named %d times to the reclaim callback (of %d)",
                  atomic_load(&never_named), atomic_load(&heard));
-        check(base, 0, gb, 2, "held group 0, stored into while the policy ran");
-        fill(base, 0, gb, 1);
+        check(w, base, 0, gb, 2, "held group 0, stored into while the policy ran");
+        fill(w, base, 0, gb, 1);
         T_OK(ema_win_release(w, 0, gb));
         ema_win_stat_t ws = wstat(w);
         ema_mem_stat_t ms;
@@ -222,7 +254,7 @@ static void test_walk(void)
     if (ema_t_rank == 1) {
         uint64_t *buf = malloc(size);
         T_OK(ema_get(w, 0, 0, buf, size));
-        check(buf, 0, size, 1, "rank 1's get of rank 0's part after the walks");
+        check_at(buf, 0, size, 1, "rank 1's get of rank 0's part after the walks");
         free(buf);
     }
     T_OK(ema_barrier());

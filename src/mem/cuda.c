@@ -720,6 +720,16 @@ static ema_status_t cuda_copy_wait_mark(ema__mem_arena_t *arena, void *mark)
     return status;
 }
 
+static int cuda_copy_mark_done(ema__mem_arena_t *arena, void *mark)
+{
+    ema_cuda_arena_t *ca = arena->priv;
+    if (mark == NULL || cuda_ctx_set(ca) != EMA_SUCCESS) {
+        return 0;
+    }
+    /* CUDA_ERROR_NOT_READY: not yet; an error is seen by copy_wait_mark */
+    return ema__cu.cuEventQuery((CUevent)mark) == CUDA_SUCCESS;
+}
+
 /* The direct path's copies (put and get, src/win/cuda_path.c): queued on
  * their own stream, so a put never waits behind a migration's gigabytes,
  * and waited for together.  A wait also completes copies queued by other
@@ -762,6 +772,7 @@ const ema__mem_ops_t ema__mem_cuda_ops = {
     .copy_wait            = cuda_copy_wait,
     .copy_mark            = cuda_copy_mark,
     .copy_wait_mark       = cuda_copy_wait_mark,
+    .copy_mark_done       = cuda_copy_mark_done,
     .rma_copy_start       = cuda_rma_copy_start,
     .rma_copy_wait        = cuda_rma_copy_wait,
 };

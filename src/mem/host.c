@@ -432,6 +432,13 @@ static ema_status_t host_copy_wait_mark(ema__mem_arena_t *arena, void *mark)
     return EMA_SUCCESS;
 }
 
+static int host_copy_mark_done(ema__mem_arena_t *arena, void *mark)
+{
+    (void)arena;
+    (void)mark;
+    return 1; /* host copies are done when copy_start returns */
+}
+
 const ema__mem_ops_t ema__mem_host_ops = {
     .size                 = sizeof(ema__mem_ops_t),
     .name                 = "host",
@@ -455,4 +462,5 @@ const ema__mem_ops_t ema__mem_host_ops = {
     .copy_wait            = host_copy_wait,
     .copy_mark            = host_copy_mark,
     .copy_wait_mark       = host_copy_wait_mark,
+    .copy_mark_done       = host_copy_mark_done,
 };

@@ -75,6 +75,9 @@ typedef struct ema__mem_ops {
      * A migration remaps what is copied while the copies after it run. */
     ema_status_t (*copy_mark)(ema__mem_arena_t *arena, void **mark_p);
     ema_status_t (*copy_wait_mark)(ema__mem_arena_t *arena, void *mark);
+    /* Optional, with copy_mark: 1 if the copies before @mark are complete
+     * (the mark stays valid: copy_wait_mark frees it), without waiting. */
+    int (*copy_mark_done)(ema__mem_arena_t *arena, void *mark);
     /* Optional (cuda): copies of put and get on the direct path, queued on
      * a stream of their own; rma_copy_wait waits for every one queued. */
     ema_status_t (*rma_copy_start)(ema__mem_arena_t *arena, void *dst, const void *src,

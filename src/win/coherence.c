@@ -136,12 +136,13 @@ static int ema_win_amo_in(const ema__mem_arena_t *a, uint64_t raddr)
 }
 
 /* Snapshot of the own part's locations [first, first+count). */
-static ema__loc_t *ema_win_snapshot(ema_win_h win, uint32_t first, uint32_t count)
+static ema__loc_t *ema_win_snapshot(ema_win_h win, uint32_t first, uint32_t count,
+                                    ema__loc_t keep)
 {
     ema__win_part_t *p = &win->parts[win->ctx->rank];
     ema__loc_t *locs   = malloc(sizeof(*locs) * (count ? count : 1));
     for (uint32_t i = 0; locs != NULL && i < count; i++) {
-        locs[i] = atomic_load(&p->loc[first + i]);
+        locs[i] = atomic_load(&p->loc[first + i]) & keep;
     }
     return locs;
 }
@@ -321,7 +322,7 @@ static void ema_win_job(void *arg)
                 reply.size    = atomic_load(&p->size);
                 reply.nsegs   = atomic_load(&p->nsegs);
                 reply.count   = reply.nsegs;
-                locs = ema_win_snapshot(win, 0, reply.count);
+                locs = ema_win_snapshot(win, 0, reply.count, ~(ema__loc_t)0);
             } while (locs != NULL && (atomic_load(&p->version) != reply.version ||
                                       reply.size > (uint64_t)reply.nsegs * ctx->seg_size));
         }
@@ -537,7 +538,11 @@ ema_status_t ema__win_publish(ema_win_h win, uint32_t first, uint32_t count)
     m.nsegs   = atomic_load(&p->nsegs);
     m.first   = first;
     m.count   = count;
-    ema__loc_t *locs = ema_win_snapshot(win, first, count);
+    /* An UPDATE is sent by the thread moving the segments (win->lock):
+     * MOVING in the owner's table then only keeps the owner's own acquires
+     * off a window range not yet remapped (migrate.c ema_win_handover);
+     * the new location itself is ready for every other rank. */
+    ema__loc_t *locs = ema_win_snapshot(win, first, count, ~(ema__loc_t)EMA_LOC_MOVING);
     if (locs == NULL) {
         return EMA_ERR_NO_MEMORY;
     }

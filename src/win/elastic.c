@@ -198,7 +198,7 @@ static void ema_win_bring_home(ema_win_h win, uint32_t first, uint32_t last)
         uint32_t got = ctx->mem_ops->acquire(ctx->mem_arg, n, -1, EMA_WIN_FROM_LOCAL, locs, hdls);
         if (got > 0) {
             ema_debug("window %u: %u of %u segments home", win->id, got, n);
-            ema__win_move(win, idx, got, -1, locs, hdls);
+            ema__win_move(win, idx, got, -1, locs, hdls, 0);
         }
     }
     ema__win_unlock(win);

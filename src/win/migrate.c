@@ -79,6 +79,43 @@ static int ema_win_cmp_u32(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
+/* The hand-over of a recall (EMA_WIN_MOVE_HANDOVER_FIRST): the copied
+ * segments' new locations go out to every rank and their old memory back to
+ * its lenders before the window's own ranges are remapped.  Until its remap
+ * the owner keeps each segment MOVING, so its own acquires and operations
+ * wait for the remap; the other ranks never reach a segment through the
+ * owner's window range, so they use the new memory at once. */
+typedef struct {
+    ema_win_h          win;
+    const uint32_t    *idx;
+    const ema__loc_t  *old, *loc;
+    const uint32_t    *first, *count;
+    uint32_t           nruns;
+    uint32_t           handed; /* out: segments handed over, from the first */
+} ema_win_handover_t;
+
+static void ema_win_handover(void *arg, uint32_t ncopied)
+{
+    ema_win_handover_t *ho = arg;
+    ema_win_h win          = ho->win;
+    ema__win_ctx_t *ctx    = win->ctx;
+    ema__win_part_t *part  = &win->parts[ctx->rank];
+    uint32_t left          = ncopied;
+
+    EMA_WIN_ASSERT_LOCKED(win);
+    for (uint32_t i = 0; i < ncopied; i++) {
+        atomic_store(&part->loc[ho->idx[i]], ho->loc[i] | EMA_LOC_MOVING);
+    }
+    ctx->mem_ops->mapped(ctx->mem_arg, ho->loc, ncopied);
+    for (uint32_t r = 0; r < ho->nruns && left > 0; r++) {
+        uint32_t c = (ho->count[r] < left) ? ho->count[r] : left;
+        ema__win_publish(win, ho->first[r], c); /* MOVING is the owner's alone */
+        left -= c;
+    }
+    ctx->mem_ops->release(ctx->mem_arg, ho->old, ncopied); /* GIVEBACK now */
+    ho->handed = ncopied;
+}
+
 /*
  * Move segments @idx[0..n) of @win's own part to other memory, as one batch:
  * one round of invalidations, the copies, one round of updates, and one
@@ -93,7 +130,7 @@ static int ema_win_cmp_u32(const void *a, const void *b)
  * EMA_ERR_NO_MEMORY when no memory was found for some of the segments.
  */
 ema_status_t ema__win_move(ema_win_h win, uint32_t *idx, uint32_t n, int exclude,
-                          const ema__loc_t *targets, const int64_t *handles)
+                          const ema__loc_t *targets, const int64_t *handles, unsigned flags)
 {
     EMA_WIN_ASSERT_LOCKED(win);
     ema__win_ctx_t *ctx   = win->ctx;
@@ -182,6 +219,7 @@ ema_status_t ema__win_move(ema_win_h win, uint32_t *idx, uint32_t n, int exclude
 
     /* 3. copy, and map the new memory at the same addresses */
     uint32_t ok = 0;
+    ema_win_handover_t ho = {win, idx, old, loc, first, count, nruns, 0};
     double tm0 = ema__now_us(), tm_copy = 0;
     if (ctx->direct) {
         /* One copy per run contiguous in the old and the new memory,
@@ -205,25 +243,47 @@ ema_status_t ema__win_move(ema_win_h win, uint32_t *idx, uint32_t n, int exclude
         status = rm.status;
         win->stats.migrations += ok;
     } else {
-        status = ema__win_seg_move_batch(win, idx, loc, hdl, n, &ok);
+        status = ema__win_seg_move_batch(win, idx, loc, hdl, n, &ok,
+                                         (flags & EMA_WIN_MOVE_HANDOVER_FIRST)
+                                             ? ema_win_handover : NULL, &ho);
     }
-    double tm1 = ema__now_us();
-    /* 4. the new locations (the old ones where a copy failed: that data is
-     * intact, still mapped there), in one round of updates */
-    for (i = 0; i < n; i++) {
-        atomic_store(&part->loc[idx[i]], (i < ok) ? loc[i] : old[i]);
+    double tm1 = ema__now_us(), tm2;
+    if (ho.handed > 0) {
+        /* 4-5 after a hand-over: published and given back already; the
+         * remapped segments leave MOVING (one that failed to remap is
+         * unmapped, said in an error: its data is in the new memory) */
+        for (i = 0; i < n; i++) {
+            atomic_store(&part->loc[idx[i]], (i < ho.handed) ? loc[i] : old[i]);
+        }
+        if (ho.handed < n) { /* the rest stay where they were */
+            for (uint32_t r = 0; r < nruns; r++) {
+                ema__win_publish(win, first[r], count[r]);
+            }
+        }
+        if (win->stats.nwanted > 0) {
+            ema__win_wanted_bytes(win);
+        }
+        tm2 = ema__now_us();
+        ctx->mem_ops->release(ctx->mem_arg, loc + ho.handed, n - ho.handed);
+        ok = ho.handed;
+    } else {
+        /* 4. the new locations (the old ones where a copy failed: that data
+         * is intact, still mapped there), in one round of updates */
+        for (i = 0; i < n; i++) {
+            atomic_store(&part->loc[idx[i]], (i < ok) ? loc[i] : old[i]);
+        }
+        ctx->mem_ops->mapped(ctx->mem_arg, loc, ok);
+        for (uint32_t r = 0; r < nruns; r++) {
+            ema__win_publish(win, first[r], count[r]);
+        }
+        if (win->stats.nwanted > 0) {
+            ema__win_wanted_bytes(win); /* forgets the wanted segments that moved */
+        }
+        /* 5. give the old memory back, one message per lender */
+        tm2 = ema__now_us();
+        ctx->mem_ops->release(ctx->mem_arg, old, ok);
+        ctx->mem_ops->release(ctx->mem_arg, loc + ok, n - ok);
     }
-    ctx->mem_ops->mapped(ctx->mem_arg, loc, ok);
-    for (uint32_t r = 0; r < nruns; r++) {
-        ema__win_publish(win, first[r], count[r]);
-    }
-    if (win->stats.nwanted > 0) {
-        ema__win_wanted_bytes(win); /* forgets the wanted segments that moved */
-    }
-    /* 5. give the old memory back, one message per lender */
-    double tm2 = ema__now_us();
-    ctx->mem_ops->release(ctx->mem_arg, old, ok);
-    ctx->mem_ops->release(ctx->mem_arg, loc + ok, n - ok);
     atomic_fetch_add(&ctx->bytes_migrated, (uint64_t)ok * seg);
     ema_debug("moved %u segments of window %u: copy %.0f us, remap %.0f us, update %.0f us, "
               "give back %.0f us", ok, win->id, tm_copy ? tm_copy - tm0 : tm1 - tm0,
@@ -401,7 +461,8 @@ void ema__win_recall(ema__win_ctx_t *ctx, int src, const uint32_t *segs, uint32_
             if (m > 0) {
                 /* the move gives the old segments back */
                 memcpy(idx2, idx, m * sizeof(*idx));
-                ema_status_t st = ema__win_move(win, idx, m, src, NULL, NULL);
+                ema_status_t st = ema__win_move(win, idx, m, src, NULL, NULL,
+                                                EMA_WIN_MOVE_HANDOVER_FIRST);
                 /* What did not move: held ones wait for their release;
                  * the others had nowhere to go and are refused, so the
                  * lender stops waiting for them. */

@@ -227,7 +227,7 @@ static uint32_t policy_move(ema_win_h win, uint32_t *idx, uint32_t n, const ema_
         copy[i] = idx[i];
         old[i]  = atomic_load(&part->loc[idx[i]]) & ~EMA_LOC_MOVING;
     }
-    ema__win_move(win, idx, n, -1, loc, hdl); /* sorts idx; releases what did not move */
+    ema__win_move(win, idx, n, -1, loc, hdl, 0); /* sorts idx; releases what did not move */
     for (uint32_t i = 0; i < n; i++) {
         moved += (atomic_load(&part->loc[copy[i]]) & ~EMA_LOC_MOVING) != old[i];
     }

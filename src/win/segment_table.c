@@ -74,20 +74,32 @@ ema_status_t ema__win_seg_unmap(ema_win_h win, uint32_t first, uint32_t count)
 /*
  * Move a batch of segments of the own part to new memory where the window's
  * memory is not mapped everywhere (cuda): the data goes device to device on
- * the copy engines, every copy of the batch in flight before one wait, then
- * each run is unmapped once and its new memory mapped at the same address.
+ * the copy engines, then each window range is unmapped and its new memory
+ * mapped at the same address.
  *   1. per run (consecutive window segments whose new memory is consecutive
  *      segments of one rank): the source is the window itself; the
- *      destination is our own arena's mapping when the new memory is ours,
- *      else a scratch range where the peer's segments are mapped;
+ *      destination is our own arena's mapping when the new memory is ours
+ *      (mapped ahead, at ema_init), else a scratch range where the peer's
+ *      segments are mapped;
  *   2. all copies queued (copy_start), in pieces of EMA_WIN_MOVE_PIECE
  *      each followed by a mark (copy_mark), or one copy_wait;
- *   3. per piece, once its mark is passed: unmap the window range and map
- *      the new memory there, so the remaps (unmap + map + set-access,
- *      50-67 us per segment on an H200 whatever its size) run while the
- *      later copies do; per run, drop the scratch range.
- * @ok_p counts the segments moved, from the first (runs are done in order);
- * the rest still map the old memory, with their data.
+ *   3. the remaps, one of two ways:
+ *      - @handover set (a lender waits for its memory): every copy is
+ *        waited for, then @handover(@ho_arg, n) runs, which publishes the
+ *        new locations and gives the old memory back, and only then is each
+ *        run remapped, with one unmap and one map_many.  The lender waits
+ *        for the copies and a message, not for the remaps (bench/vmm_costs
+ *        measures each remap at tens of microseconds, a 128 MiB copy at 65);
+ *      - else pipelined: once piece k's mark is passed, every later piece of
+ *        the same run whose mark has passed too (copy_mark_done) joins it,
+ *        and they are remapped together, one unmap and one map_many, while
+ *        the copies after them run.  When the remaps fall behind the copies
+ *        the batches grow, so the per-call costs are paid fewer times.
+ *      Per run, the scratch range goes after its remap.
+ * @ok_p counts the segments remapped, from the first (runs are done in
+ * order); without a hand-over the rest still map the old memory, with their
+ * data.  After a hand-over, a remap that fails leaves its range unmapped
+ * (said in an error): its data is in the new memory, the old is gone.
  */
 /* Bytes per copy of a migration, each followed by a mark (about 30 us of
  * copy on an H200): small enough that remapping overlaps most of the
@@ -101,20 +113,55 @@ typedef struct {
     void    *scratch;
 } ema_win_move_run_t;
 
+/* Unmap the window's segments idx[f..f+c) and map their new memory there. */
+static ema_status_t ema_win_remap_range(ema_win_h win, const uint32_t *idx,
+                                        const ema__loc_t *loc, const int64_t *hdl, uint32_t f,
+                                        uint32_t c, double *t_unmap, double *t_map)
+{
+    ema__mem_arena_t *dev = win->ctx->tier[EMA_TIER_DEVICE];
+    ema_status_t status   = EMA_SUCCESS;
+    double tu = ema__now_us(), tm;
+
+    /* cuda cannot map over a mapping; on host MAP_FIXED replaces it in one
+     * step, with no moment where the range is unmapped */
+    if (dev->ops->kind != EMA_MEMORY_KIND_HOST) {
+        status = ema__win_seg_unmap(win, idx[f], c);
+    }
+    tm = ema__now_us();
+    *t_unmap += tm - tu;
+    if (status == EMA_SUCCESS) {
+        status = ema__win_seg_map_many(win, idx[f], loc[f], c, hdl[f]);
+        *t_map += ema__now_us() - tm;
+        if (status != EMA_SUCCESS) {
+            ema_error("window %u: segments %u..%u are unmapped: mapping their new memory "
+                      "failed after the copy", win->id, idx[f], idx[f] + c - 1);
+        }
+    }
+    return status;
+}
+
 ema_status_t ema__win_seg_move_batch(ema_win_h win, const uint32_t *idx, const ema__loc_t *loc,
-                                     const int64_t *hdl, uint32_t n, uint32_t *ok_p)
+                                     const int64_t *hdl, uint32_t n, uint32_t *ok_p,
+                                     ema__win_handover_fn handover, void *ho_arg)
 {
     EMA_WIN_ASSERT_LOCKED(win);
     ema__win_ctx_t *ctx = win->ctx;
     ema__mem_arena_t *dev = ctx->tier[EMA_TIER_DEVICE];
     size_t seg = ctx->seg_size;
     ema_win_move_run_t *runs = calloc(n ? n : 1, sizeof(*runs));
+    uint32_t *prun = calloc(n ? n : 1, sizeof(*prun)); /* per piece: its run, */
+    uint32_t *poff = calloc(n ? n : 1, sizeof(*poff)); /* first segment in it, */
+    uint32_t *pcnt = calloc(n ? n : 1, sizeof(*pcnt)); /* and segments */
     ema_status_t status = EMA_SUCCESS;
-    uint32_t nruns = 0, r, i;
-    double t0 = ema__now_us(), t1, t2, t_unmap = 0, t_map = 0;
+    uint32_t nruns = 0, r, i, nbatch = 0;
+    double t0 = ema__now_us(), t1, t2, t3 = 0, t_unmap = 0, t_map = 0;
 
     *ok_p = 0;
-    if (runs == NULL) {
+    if (runs == NULL || prun == NULL || poff == NULL || pcnt == NULL) {
+        free(runs);
+        free(prun);
+        free(poff);
+        free(pcnt);
         return EMA_ERR_NO_MEMORY;
     }
     for (i = 0; i < n;) {
@@ -190,68 +237,100 @@ ema_status_t ema__win_seg_move_batch(ema_win_h win, const uint32_t *idx, const e
             if (status == EMA_SUCCESS && marked) {
                 status = dev->ops->copy_mark(dev, &marks[k]);
             }
+            prun[k] = r;
+            poff[k] = o;
+            pcnt[k] = c;
             k++;
         }
     }
     npieces = k;
-    /* Unmarked copies, and any copy left without a mark (a failed
-     * copy_mark after its copy_start): waited for here, before any scratch
-     * range or new memory can be released. */
-    if ((!marked || status != EMA_SUCCESS) && dev->ops->copy_wait != NULL) {
+    /* Unmarked copies, any copy left without a mark (a failed copy_mark
+     * after its copy_start), and before a hand-over every copy: waited for
+     * here, before any scratch range or new memory can be released. */
+    if ((!marked || status != EMA_SUCCESS || handover != NULL) && dev->ops->copy_wait != NULL) {
         ema_status_t st = dev->ops->copy_wait(dev);
         status = (status == EMA_SUCCESS) ? st : status;
     }
     /* a copy that could not be queued moves nothing: the data stays in the
      * old memory, still mapped (the marks are waited for and freed below) */
 
-    /* 3. the new memory in place of the old, piece by piece as its copy
-     * completes */
     t2 = ema__now_us();
-    k = 0;
-    for (r = 0; r < ready; r++) {
-        ema_win_move_run_t *run = &runs[r];
-        for (uint32_t o = 0; o < run->count && k < npieces; o += piece, k++) {
-            uint32_t c = (run->count - o < piece) ? run->count - o : piece;
-            uint32_t f = run->first + o;
-            if (marked && marks[k] != NULL) {
+    if (handover != NULL) {
+        /* 3a. every copy is complete (copy_wait): hand over, then remap */
+        for (k = 0; k < npieces; k++) {
+            if (marks != NULL && marks[k] != NULL) {
                 ema_status_t st = dev->ops->copy_wait_mark(dev, marks[k]);
-                status = (status == EMA_SUCCESS) ? st : status;
-            }
-            if (status != EMA_SUCCESS) {
-                continue;
-            }
-            /* cuda cannot map over a mapping; on host MAP_FIXED replaces
-             * it in one step, with no moment where the range is unmapped */
-            double tu = ema__now_us();
-            if (dev->ops->kind != EMA_MEMORY_KIND_HOST) {
-                status = ema__win_seg_unmap(win, idx[f], c);
-            }
-            double tm = ema__now_us();
-            t_unmap += tm - tu;
-            if (status == EMA_SUCCESS) {
-                status = ema__win_seg_map_many(win, idx[f], loc[f], c, hdl[f]);
-                t_map += ema__now_us() - tm;
-                if (status != EMA_SUCCESS) {
-                    ema_error("window %u: segments %u..%u are unmapped: mapping their new "
-                              "memory failed after the copy", win->id, idx[f], idx[f] + c - 1);
-                }
-            }
-            if (status == EMA_SUCCESS) {
-                *ok_p += c;
-                win->stats.migrations += c;
+                status   = (status == EMA_SUCCESS) ? st : status;
+                marks[k] = NULL;
             }
         }
-        if (run->scratch != NULL) {
-            dev->ops->unmap(dev, run->scratch, (size_t)run->count * seg);
-            dev->ops->unreserve(dev, run->scratch, (size_t)run->count * seg);
+        if (status == EMA_SUCCESS && ready > 0) {
+            uint32_t copied = runs[ready - 1].first + runs[ready - 1].count;
+            handover(ho_arg, copied);
+            t3 = ema__now_us();
+            for (r = 0; r < ready; r++) {
+                ema_status_t st = ema_win_remap_range(win, idx, loc, hdl, runs[r].first,
+                                                      runs[r].count, &t_unmap, &t_map);
+                nbatch++;
+                if (st == EMA_SUCCESS) {
+                    *ok_p += runs[r].count;
+                    win->stats.migrations += runs[r].count;
+                }
+                status = (status == EMA_SUCCESS) ? st : status;
+            }
+        }
+    } else {
+        /* 3b. remap piece by piece as the copies complete, joining the
+         * later pieces of the run whose copies are complete too */
+        for (k = 0; k < npieces;) {
+            uint32_t e = k + 1, c = pcnt[k];
+            if (marked && marks[k] != NULL) {
+                ema_status_t st = dev->ops->copy_wait_mark(dev, marks[k]);
+                status   = (status == EMA_SUCCESS) ? st : status;
+                marks[k] = NULL;
+            }
+            while (status == EMA_SUCCESS && e < npieces && prun[e] == prun[k] && marked &&
+                   marks[e] != NULL && dev->ops->copy_mark_done != NULL &&
+                   dev->ops->copy_mark_done(dev, marks[e])) {
+                status   = dev->ops->copy_wait_mark(dev, marks[e]); /* passed: frees it */
+                marks[e] = NULL;
+                c += pcnt[e++];
+            }
+            if (status == EMA_SUCCESS) {
+                uint32_t f = runs[prun[k]].first + poff[k];
+                status = ema_win_remap_range(win, idx, loc, hdl, f, c, &t_unmap, &t_map);
+                nbatch++;
+                if (status == EMA_SUCCESS) {
+                    *ok_p += c;
+                    win->stats.migrations += c;
+                }
+            }
+            k = e;
+        }
+    }
+    /* the marks not waited for (an error stopped the remaps), and the
+     * scratch ranges: after every copy that reads or writes them */
+    for (k = 0; marks != NULL && k < npieces; k++) {
+        if (marks[k] != NULL) {
+            ema_status_t st = dev->ops->copy_wait_mark(dev, marks[k]);
+            status = (status == EMA_SUCCESS) ? st : status;
+        }
+    }
+    for (r = 0; r < ready; r++) {
+        if (runs[r].scratch != NULL) {
+            dev->ops->unmap(dev, runs[r].scratch, (size_t)runs[r].count * seg);
+            dev->ops->unreserve(dev, runs[r].scratch, (size_t)runs[r].count * seg);
         }
     }
     free(marks);
-    ema_debug("window %u: moved %u of %u segments in %u runs: setup %.0f us, copy %.0f us, "
-              "unmap %.0f us, map %.0f us, copy waits and scratch release %.0f us", win->id,
-              *ok_p, n, nruns, t1 - t0, t2 - t1, t_unmap, t_map,
-              ema__now_us() - t2 - t_unmap - t_map);
+    ema_debug("window %u: moved %u of %u segments in %u runs: setup %.0f us, copy queued "
+              "%.0f us, %s%.0f us, %u remaps: unmap %.0f us, map %.0f us", win->id, *ok_p, n,
+              nruns, t1 - t0, t2 - t1, handover ? "hand-over after " : "remapped after ",
+              (handover && t3 > 0 ? t3 : ema__now_us()) - t0, nbatch, t_unmap, t_map);
     free(runs);
+    free(prun);
+    free(poff);
+    free(pcnt);
     return (status == EMA_SUCCESS) ? setup : status;
 }
 

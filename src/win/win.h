@@ -470,12 +470,17 @@ static inline ema_status_t ema__win_check_live_out(ema_win_h win, const void *ou
 /* Map segment @loc (handle @handle) at index @idx of the own part. */
 ema_status_t ema__win_seg_map(ema_win_h win, uint32_t idx, ema__loc_t loc, int64_t handle)
     EMA_REQUIRES(win->lock);
+/* Called by ema__win_seg_move_batch once the first @ncopied segments of
+ * the batch are copied, before their window ranges are remapped. */
+typedef void (*ema__win_handover_fn)(void *arg, uint32_t ncopied);
 /* Move segments idx[0..n) of the own part to @loc (with @hdl) where the
  * memory is not mapped everywhere (cuda): copies in flight on the copy
- * engines, one wait, then one unmap and map per run.  *@ok_p counts those
- * moved, from the first. */
+ * engines, then the window's ranges remapped, pipelined with the copies or,
+ * with @handover, after it (segment_table.c).  *@ok_p counts those
+ * remapped, from the first. */
 ema_status_t ema__win_seg_move_batch(ema_win_h win, const uint32_t *idx, const ema__loc_t *loc,
-                                     const int64_t *hdl, uint32_t n, uint32_t *ok_p)
+                                     const int64_t *hdl, uint32_t n, uint32_t *ok_p,
+                                     ema__win_handover_fn handover, void *ho_arg)
     EMA_REQUIRES(win->lock);
 /* Direct kind: copy @count segments from the memory at @src (and the
  * segments after it) to @dst, through this rank's mappings of every rank's
@@ -520,8 +525,12 @@ void         ema__win_apply_update(ema_win_h win, int part, uint64_t version, si
  * Held segments (ema_win_acquire) stay where they are: a move never waits
  * for the application.  EMA_ERR_NO_MEMORY: no memory for some of them. */
 ema_status_t ema__win_move(ema_win_h win, uint32_t *idx, uint32_t n, int exclude,
-                           const ema__loc_t *targets, const int64_t *handles)
+                           const ema__loc_t *targets, const int64_t *handles, unsigned flags)
     EMA_REQUIRES(win->lock);
+/* ema__win_move's @flags: a lender waits for the old memory (a recall), so
+ * it is given back as soon as the copies are done, before the window's
+ * remaps (cuda; on the host kind's direct path a remap is one mmap). */
+#define EMA_WIN_MOVE_HANDOVER_FIRST 0x1u
 /* The owner's reclaim callback @cb for the runs of @idx[0..n) (any order);
  * called WITHOUT any window's lock, so it may call any ema_win_* on the
  * window. */

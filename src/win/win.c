@@ -387,7 +387,7 @@ ema_status_t ema__win_allocate(ema__win_ctx_t *ctx, ema_status_t arg, size_t siz
     struct ema_win *win = NULL;
     void **blobs = NULL;
     size_t *lens = NULL, desc_len;
-    int taken = 0, lock_made = 0;
+    int taken = 0, lock_made = 0, linked = 0;
 
     EMA_WIN_ASSERT_NONE_LOCKED(); /* collective: waits for every rank */
 
@@ -529,10 +529,22 @@ exchange:
     status = ema__xport_barrier(ctx->xp, EMA_WAIT_QUICK);
     if (status != EMA_SUCCESS) {
         ema_error("ema_win_allocate: the closing barrier failed: %s", ema_strerror(status));
+        /* Unlinked as ema_win_free does: a recall or a peer's message may
+         * stand on it (windows allocated meanwhile by other threads may
+         * sit before it), and such a walk may still lock it, so it goes to
+         * the dead list instead of being freed. */
+        ema__win_lock(win);
+        win->magic = EMA_WIN_MAGIC_DEAD;
         pthread_mutex_lock(&ctx->lock);
-        ctx->wins  = win->next;
+        for (struct ema_win **pp = &ctx->wins; *pp != NULL; pp = &(*pp)->next) {
+            if (*pp == win) {
+                *pp = win->next;
+                break;
+            }
+        }
         pthread_mutex_unlock(&ctx->lock);
-        win->magic = 0;
+        ema__win_unlock(win);
+        linked = 1;
         goto err_unmap;
     }
     ema__xport_free_blobs(ctx->xp, blobs, lens);
@@ -559,7 +571,10 @@ err_unmap:
             arena->ops->unreserve(arena, win->base, win->reserved);
         }
         free(win->held);
-        if (lock_made) {
+        win->held  = NULL;
+        win->parts = NULL;
+        win->base  = NULL;
+        if (lock_made && !linked) {
             pthread_mutex_destroy(&win->lock);
         }
     }
@@ -568,7 +583,14 @@ err_unmap:
     }
     free(segs);
     free(desc);
-    free(win);
+    if (linked) { /* kept, with its lock, until ema__win_ctx_cleanup */
+        pthread_mutex_lock(&ctx->lock);
+        win->dead_next = ctx->dead;
+        ctx->dead      = win;
+        pthread_mutex_unlock(&ctx->lock);
+    } else {
+        free(win);
+    }
     return status;
 }
 

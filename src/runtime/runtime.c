@@ -38,6 +38,11 @@ const ema_config_field_t ema__runtime_config_table[] = {
      "host kind: put, get and atomics as loads and stores on peers' mapped memory; n sends "
      "them through UCX as on the cuda kind (slower: for testing that path on any machine)",
      EMA_RT_CFG(host_direct), &ema__config_bool},
+    {"MIGRATE_ALIAS", "y",
+     "a migration reads the old memory through this rank's own mapping of it (its own "
+     "arenas, the mirrors of peers' GPU memory) and remaps the window's ranges while the "
+     "copies run; n reads it through the window and remaps each piece after its copy",
+     EMA_RT_CFG(migrate_alias), &ema__config_bool},
     {"CUDA_PATH", "auto",
      "cuda kind: how put and get reach GPU memory: ucx (UCX's cuda_ipc), direct (EMA maps "
      "peers' segments and copies with the copy engines), or auto: direct where a probe at "
@@ -485,6 +490,7 @@ EMA_EXPORT ema_status_t ema_init(const ema_init_params_t *params)
         goto err_xport;
     }
     w->win.no_direct = !w->cfg.host_direct;
+    w->win.migrate_alias = w->cfg.migrate_alias;
     w->win.cpath.cfg = w->cfg.cuda_path;
     w->win.debug_link_delay_us = w->cfg.debug_link_delay;
     status = runtime_modex(w);

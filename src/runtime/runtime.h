@@ -41,6 +41,7 @@ typedef struct ema__runtime_config {
     int    hugepages;     /* host: try huge pages for the arena */
     int    cuda_path;     /* EMA_CUDA_PATH_*: put/get on the cuda kind */
     int    host_direct;   /* host: put/get as loads and stores on mapped peers */
+    int    migrate_alias; /* migrations read old memory outside the window */
     unsigned debug_link_delay; /* tests: us before a new window is made known */
     int    log_level;
 } ema__runtime_config_t;

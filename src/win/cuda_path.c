@@ -227,6 +227,21 @@ char *ema__win_cpath_addr(ema__win_ctx_t *ctx, int rank, uint64_t raddr)
     return cp->mirror[rank] + off;
 }
 
+char *ema__win_cpath_seg(ema__win_ctx_t *ctx, int rank, uint32_t seg)
+{
+    ema__win_cpath_t *cp = &ctx->cpath;
+
+    if (cp->mirror == NULL || rank < 0 || rank >= ctx->size || cp->mirror[rank] == NULL ||
+        seg >= cp->nh[rank]) {
+        return NULL;
+    }
+    if (!atomic_load_explicit(&cp->mapped[rank][seg], memory_order_acquire) &&
+        cpath_map(ctx, rank, seg) != EMA_SUCCESS) {
+        return NULL;
+    }
+    return cp->mirror[rank] + (size_t)seg * ctx->seg_size;
+}
+
 static void cpath_noop_cb(void *request, ucs_status_t status, void *user_data)
 {
 }

@@ -74,36 +74,40 @@ ema_status_t ema__win_seg_unmap(ema_win_h win, uint32_t first, uint32_t count)
 /*
  * Move a batch of segments of the own part to new memory where the window's
  * memory is not mapped everywhere (cuda): the data goes device to device on
- * the copy engines, then each window range is unmapped and its new memory
+ * the copy engines, and each window range is unmapped and its new memory
  * mapped at the same address.
  *   1. per run (consecutive window segments whose new memory is consecutive
- *      segments of one rank): the source is the window itself; the
- *      destination is our own arena's mapping when the new memory is ours
- *      (mapped ahead, at ema_init), else a scratch range where the peer's
- *      segments are mapped;
- *   2. all copies queued (copy_start), in pieces of EMA_WIN_MOVE_PIECE
- *      each followed by a mark (copy_mark), or one copy_wait;
- *   3. the remaps, one of two ways:
- *      - @handover set (a lender waits for its memory): every copy is
- *        waited for, then @handover(@ho_arg, n) runs, which publishes the
- *        new locations and gives the old memory back, and only then is each
- *        run remapped, with one unmap and one map_many.  The lender waits
- *        for the copies and a message, not for the remaps (bench/vmm_costs
- *        measures each remap at tens of microseconds, a 128 MiB copy at 65);
- *      - else pipelined: once piece k's mark is passed, every later piece of
- *        the same run whose mark has passed too (copy_mark_done) joins it,
- *        and they are remapped together, one unmap and one map_many, while
- *        the copies after them run.  When the remaps fall behind the copies
- *        the batches grow, so the per-call costs are paid fewer times.
- *      Per run, the scratch range goes after its remap.
+ *      segments of one rank), where the new memory can be written: our own
+ *      arena's mapping, a peer's mirror (ema__win_cpath_seg: mapped once,
+ *      kept), both mapped ahead of any migration; else a scratch range
+ *      where the peer's segments are mapped for this batch;
+ *   2. where the old memory can be read: with EMA_MIGRATE_ALIAS (default)
+ *      and every segment's old memory mapped outside the window (our own
+ *      arenas, peers' mirrors), there (aliased); else through the window;
+ *   3. aliased: every copy queued, and the window's ranges remapped (one
+ *      unmap and one map_many per run) while they run; then
+ *      - without @handover, one wait for the copies: the migration costs
+ *        the copy or the remaps, whichever is longer, not their sum;
+ *      - with @handover (a lender waits for its memory), the remaps wait:
+ *        every copy is waited for, then @handover(@ho_arg, n) publishes the
+ *        new locations and gives the old memory back, and only then are the
+ *        ranges remapped, so the lender waits for the copies and a message;
+ *   3'. through the window: copies queued in pieces of EMA_WIN_MOVE_PIECE,
+ *      each followed by a mark (copy_mark); with @handover, all waited for,
+ *      the hand-over, then the remaps; else each piece remapped once its
+ *      mark is passed, together with every later piece of the run whose
+ *      mark has passed too (copy_mark_done), while the later copies run.
  * @ok_p counts the segments remapped, from the first (runs are done in
  * order); without a hand-over the rest still map the old memory, with their
- * data.  After a hand-over, a remap that fails leaves its range unmapped
- * (said in an error): its data is in the new memory, the old is gone.
+ * data.  A remap that fails leaves its range unmapped (said in an error).
+ * A copy that fails to queue moves nothing; one that fails on the device
+ * is a sticky error of the CUDA context, after which none of its memory is
+ * usable, so aliased remaps do not wait for the copies' outcome.
  */
-/* Bytes per copy of a migration, each followed by a mark (about 30 us of
- * copy on an H200): small enough that remapping overlaps most of the
- * copying, large enough that queueing a copy and a mark costs little. */
+/* Bytes per copy of a migration through the window, each followed by a
+ * mark (about 30 us of copy on an H200): small enough that remapping
+ * overlaps most of the copying, large enough that queueing a copy and a
+ * mark costs little. */
 #define EMA_WIN_MOVE_PIECE ((size_t)64 << 20)
 
 typedef struct {
@@ -112,6 +116,21 @@ typedef struct {
     void    *dst;
     void    *scratch;
 } ema_win_move_run_t;
+
+/* Where memory @l can be read or written other than through a window:
+ * this rank's own tiers are mapped whole at their base; a peer's GPU
+ * memory in its mirror (cuda).  NULL: nowhere else. */
+static char *ema_win_loc_alias(ema__win_ctx_t *ctx, ema__loc_t l)
+{
+    int r = EMA_LOC_RANK(l), t = EMA_LOC_TIER(l);
+    if (r == ctx->rank) {
+        ema__mem_arena_t *a = ctx->tier[t];
+        return (a != NULL && a->base != NULL)
+                   ? (char *)a->base + (size_t)EMA_LOC_SEG(l) * ctx->seg_size
+                   : NULL;
+    }
+    return (t == EMA_TIER_DEVICE) ? ema__win_cpath_seg(ctx, r, EMA_LOC_SEG(l)) : NULL;
+}
 
 /* Unmap the window's segments idx[f..f+c) and map their new memory there. */
 static ema_status_t ema_win_remap_range(ema_win_h win, const uint32_t *idx,
@@ -140,29 +159,76 @@ static ema_status_t ema_win_remap_range(ema_win_h win, const uint32_t *idx,
     return status;
 }
 
+/* The destination of run @run (new memory @l and after): own or mirrored
+ * memory where every segment of it is there, else a scratch range mapped
+ * now (run->scratch). */
+static ema_status_t ema_win_move_dst(ema_win_h win, ema_win_move_run_t *run, ema__loc_t l,
+                                     const int64_t *hdl)
+{
+    ema__win_ctx_t *ctx   = win->ctx;
+    ema__mem_arena_t *dev = ctx->tier[EMA_TIER_DEVICE];
+    size_t seg = ctx->seg_size, len = (size_t)run->count * seg;
+    ema_status_t status = EMA_SUCCESS;
+    uint32_t i;
+
+    char *p = ema_win_loc_alias(ctx, l);
+    for (i = 1; p != NULL && EMA_LOC_RANK(l) != ctx->rank && i < run->count; i++) {
+        if (ema_win_loc_alias(ctx, l + i) != p + (size_t)i * seg) {
+            p = NULL;
+        }
+    }
+    if (p != NULL) {
+        run->dst = p;
+        return EMA_SUCCESS;
+    }
+    status = dev->ops->reserve(dev, len, &run->scratch);
+    if (status != EMA_SUCCESS) {
+        run->scratch = NULL;
+        return status;
+    }
+    for (i = 0; i < run->count && status == EMA_SUCCESS; i++) {
+        const ema__mem_export_t *exp = &ctx->exports[EMA_LOC_TIER(l)][EMA_LOC_RANK(l)];
+        status = dev->ops->map(dev, exp, EMA_LOC_SEG(l) + i, hdl[run->first + i],
+                               (char *)run->scratch + (size_t)i * seg);
+        if (status != EMA_SUCCESS && i > 0) {
+            dev->ops->unmap(dev, run->scratch, (size_t)i * seg);
+        }
+    }
+    if (status != EMA_SUCCESS) {
+        dev->ops->unreserve(dev, run->scratch, len);
+        run->scratch = NULL;
+        return status;
+    }
+    run->dst = run->scratch;
+    return EMA_SUCCESS;
+}
+
 ema_status_t ema__win_seg_move_batch(ema_win_h win, const uint32_t *idx, const ema__loc_t *loc,
                                      const int64_t *hdl, uint32_t n, uint32_t *ok_p,
                                      ema__win_handover_fn handover, void *ho_arg)
 {
     EMA_WIN_ASSERT_LOCKED(win);
-    ema__win_ctx_t *ctx = win->ctx;
+    ema__win_ctx_t *ctx   = win->ctx;
+    ema__win_part_t *part = &win->parts[ctx->rank];
     ema__mem_arena_t *dev = ctx->tier[EMA_TIER_DEVICE];
     size_t seg = ctx->seg_size;
     ema_win_move_run_t *runs = calloc(n ? n : 1, sizeof(*runs));
+    char **src = calloc(n ? n : 1, sizeof(*src));       /* aliased: old memory */
     uint32_t *prun = calloc(n ? n : 1, sizeof(*prun)); /* per piece: its run, */
     uint32_t *poff = calloc(n ? n : 1, sizeof(*poff)); /* first segment in it, */
     uint32_t *pcnt = calloc(n ? n : 1, sizeof(*pcnt)); /* and segments */
-    ema_status_t status = EMA_SUCCESS;
-    uint32_t nruns = 0, r, i, nbatch = 0;
-    double t0 = ema__now_us(), t1, t2, t3 = 0, t_unmap = 0, t_map = 0;
+    void **marks = NULL;
+    ema_status_t status = EMA_SUCCESS, setup;
+    uint32_t nruns = 0, r, i, k, ready, copied = 0, npieces = 0, nbatch = 0;
+    int aliased = 0, marked = 0, handed = 0;
+    double t0 = ema__now_us(), t1 = t0, t2 = t0, t3 = 0, t_unmap = 0, t_map = 0;
 
     *ok_p = 0;
-    if (runs == NULL || prun == NULL || poff == NULL || pcnt == NULL) {
-        free(runs);
-        free(prun);
-        free(poff);
-        free(pcnt);
-        return EMA_ERR_NO_MEMORY;
+    if (runs == NULL || src == NULL || prun == NULL || poff == NULL || pcnt == NULL) {
+        status = EMA_ERR_NO_MEMORY;
+        setup  = status;
+        ready  = 0;
+        goto out;
     }
     for (i = 0; i < n;) {
         uint32_t j = i + 1;
@@ -177,63 +243,85 @@ ema_status_t ema__win_seg_move_batch(ema_win_h win, const uint32_t *idx, const e
         i = j;
     }
 
-    /* 1. where each run's new memory can be written */
+    /* 1. where each run's new memory can be written; runs [0, ready) have
+     * a destination: those move, and setup says why the rest could not */
     for (r = 0; r < nruns && status == EMA_SUCCESS; r++) {
-        ema_win_move_run_t *run = &runs[r];
-        ema__loc_t l = loc[run->first];
-        ema__mem_arena_t *own = ctx->tier[EMA_LOC_TIER(l)];
-        size_t len = (size_t)run->count * seg;
-        if (EMA_LOC_RANK(l) == ctx->rank && own != NULL) {
-            run->dst = (char *)own->base + (size_t)EMA_LOC_SEG(l) * seg;
-            continue;
-        }
-        status = dev->ops->reserve(dev, len, &run->scratch);
-        if (status != EMA_SUCCESS) {
-            run->scratch = NULL;
-            break;
-        }
-        for (i = 0; i < run->count && status == EMA_SUCCESS; i++) {
-            const ema__mem_export_t *exp = &ctx->exports[EMA_LOC_TIER(l)][EMA_LOC_RANK(l)];
-            status = dev->ops->map(dev, exp, EMA_LOC_SEG(l) + i, hdl[run->first + i],
-                                   (char *)run->scratch + (size_t)i * seg);
-            if (status != EMA_SUCCESS && i > 0) {
-                dev->ops->unmap(dev, run->scratch, (size_t)i * seg);
+        status = ema_win_move_dst(win, &runs[r], loc[runs[r].first], hdl);
+    }
+    ready  = (status == EMA_SUCCESS) ? nruns : r - 1;
+    setup  = status;
+    status = EMA_SUCCESS;
+    copied = (ready > 0) ? runs[ready - 1].first + runs[ready - 1].count : 0;
+
+    /* 2. where the old memory can be read */
+    aliased = ctx->migrate_alias && copied > 0 && dev->ops->copy_start != NULL;
+    for (i = 0; aliased && i < copied; i++) {
+        src[i]  = ema_win_loc_alias(ctx, atomic_load(&part->loc[idx[i]]) & ~EMA_LOC_MOVING);
+        aliased = (src[i] != NULL);
+    }
+
+    t1 = ema__now_us();
+    if (aliased) {
+        /* 3. every copy queued, from the old memory's own mapping (one per
+         * stretch contiguous on both sides) */
+        for (r = 0; r < ready && status == EMA_SUCCESS; r++) {
+            for (uint32_t o = 0; o < runs[r].count && status == EMA_SUCCESS;) {
+                uint32_t b = runs[r].first + o, c = 1;
+                while (o + c < runs[r].count && src[b + c] == src[b] + (size_t)c * seg) {
+                    c++;
+                }
+                status = dev->ops->copy_start(dev, (char *)runs[r].dst + (size_t)o * seg,
+                                              src[b], (size_t)c * seg);
+                o += c;
             }
         }
-        if (status != EMA_SUCCESS) {
-            dev->ops->unreserve(dev, run->scratch, len);
-            run->scratch = NULL;
-            break;
+        t2 = ema__now_us();
+        if (handover != NULL && status == EMA_SUCCESS && dev->ops->copy_wait != NULL) {
+            status = dev->ops->copy_wait(dev);
         }
-        run->dst = run->scratch;
+        if (handover != NULL && status == EMA_SUCCESS) {
+            handover(ho_arg, copied);
+            handed = 1;
+            t3 = ema__now_us();
+        }
+        /* the remaps: while the copies run (no hand-over), or after it */
+        for (r = 0; r < ready && status == EMA_SUCCESS; r++) {
+            status = ema_win_remap_range(win, idx, loc, hdl, runs[r].first, runs[r].count,
+                                         &t_unmap, &t_map);
+            nbatch++;
+            if (status == EMA_SUCCESS) {
+                *ok_p += runs[r].count;
+                win->stats.migrations += runs[r].count;
+            }
+        }
+        /* before any scratch range or new memory can be released */
+        if (dev->ops->copy_wait != NULL) {
+            ema_status_t st = dev->ops->copy_wait(dev);
+            status = (status == EMA_SUCCESS) ? st : status;
+        }
+        goto out;
     }
-    /* Runs [0, ready) have a destination: move those, and report why the
-     * rest could not move. */
-    uint32_t ready = r;
-    ema_status_t setup = status;
-    status = EMA_SUCCESS;
 
-    /* 2. the copies, all in flight: one per piece of a run, each followed
-     * by a mark where the kind has them, so that the remap of a piece (3)
-     * overlaps the copies after it; else one wait for all */
-    uint32_t piece = (uint32_t)(EMA_WIN_MOVE_PIECE / seg), k = 0, npieces;
-    int marked = (dev->ops->copy_start != NULL && dev->ops->copy_mark != NULL);
-    void **marks = marked ? calloc(n ? n : 1, sizeof(*marks)) : NULL;
+    /* 3'. the copies through the window, all in flight: one per piece of a
+     * run, each followed by a mark where the kind has them, so that the
+     * remap of a piece overlaps the copies after it; else one wait for all */
+    uint32_t piece = (uint32_t)(EMA_WIN_MOVE_PIECE / seg);
+    marked = (dev->ops->copy_start != NULL && dev->ops->copy_mark != NULL);
+    marks  = marked ? calloc(n ? n : 1, sizeof(*marks)) : NULL;
     if (piece == 0) {
         piece = 1;
     }
     if (marks == NULL) {
         marked = 0;
     }
-    t1 = ema__now_us();
-    for (r = 0; r < ready && status == EMA_SUCCESS; r++) {
+    for (r = 0, k = 0; r < ready && status == EMA_SUCCESS; r++) {
         for (uint32_t o = 0; o < runs[r].count && status == EMA_SUCCESS; o += piece) {
             uint32_t c      = (runs[r].count - o < piece) ? runs[r].count - o : piece;
-            const void *src = (char *)win->base + (size_t)(idx[runs[r].first] + o) * seg;
+            const void *s   = (char *)win->base + (size_t)(idx[runs[r].first] + o) * seg;
             void *dst       = (char *)runs[r].dst + (size_t)o * seg;
             status = (dev->ops->copy_start != NULL)
-                         ? dev->ops->copy_start(dev, dst, src, (size_t)c * seg)
-                         : dev->ops->copy(dev, dst, src, (size_t)c * seg);
+                         ? dev->ops->copy_start(dev, dst, s, (size_t)c * seg)
+                         : dev->ops->copy(dev, dst, s, (size_t)c * seg);
             if (status == EMA_SUCCESS && marked) {
                 status = dev->ops->copy_mark(dev, &marks[k]);
             }
@@ -246,17 +334,16 @@ ema_status_t ema__win_seg_move_batch(ema_win_h win, const uint32_t *idx, const e
     npieces = k;
     /* Unmarked copies, any copy left without a mark (a failed copy_mark
      * after its copy_start), and before a hand-over every copy: waited for
-     * here, before any scratch range or new memory can be released. */
+     * here, before any scratch range or new memory can be released.  A copy
+     * that could not be queued moves nothing: the data stays in the old
+     * memory, still mapped (the marks are waited for and freed below). */
     if ((!marked || status != EMA_SUCCESS || handover != NULL) && dev->ops->copy_wait != NULL) {
         ema_status_t st = dev->ops->copy_wait(dev);
         status = (status == EMA_SUCCESS) ? st : status;
     }
-    /* a copy that could not be queued moves nothing: the data stays in the
-     * old memory, still mapped (the marks are waited for and freed below) */
-
     t2 = ema__now_us();
     if (handover != NULL) {
-        /* 3a. every copy is complete (copy_wait): hand over, then remap */
+        /* every copy is complete (copy_wait): hand over, then remap */
         for (k = 0; k < npieces; k++) {
             if (marks != NULL && marks[k] != NULL) {
                 ema_status_t st = dev->ops->copy_wait_mark(dev, marks[k]);
@@ -264,9 +351,9 @@ ema_status_t ema__win_seg_move_batch(ema_win_h win, const uint32_t *idx, const e
                 marks[k] = NULL;
             }
         }
-        if (status == EMA_SUCCESS && ready > 0) {
-            uint32_t copied = runs[ready - 1].first + runs[ready - 1].count;
+        if (status == EMA_SUCCESS && copied > 0) {
             handover(ho_arg, copied);
+            handed = 1;
             t3 = ema__now_us();
             for (r = 0; r < ready; r++) {
                 ema_status_t st = ema_win_remap_range(win, idx, loc, hdl, runs[r].first,
@@ -280,8 +367,8 @@ ema_status_t ema__win_seg_move_batch(ema_win_h win, const uint32_t *idx, const e
             }
         }
     } else {
-        /* 3b. remap piece by piece as the copies complete, joining the
-         * later pieces of the run whose copies are complete too */
+        /* remap piece by piece as the copies complete, joining the later
+         * pieces of the run whose copies are complete too */
         for (k = 0; k < npieces;) {
             uint32_t e = k + 1, c = pcnt[k];
             if (marked && marks[k] != NULL) {
@@ -308,26 +395,32 @@ ema_status_t ema__win_seg_move_batch(ema_win_h win, const uint32_t *idx, const e
             k = e;
         }
     }
-    /* the marks not waited for (an error stopped the remaps), and the
-     * scratch ranges: after every copy that reads or writes them */
+    /* the marks not waited for (an error stopped the remaps) */
     for (k = 0; marks != NULL && k < npieces; k++) {
         if (marks[k] != NULL) {
             ema_status_t st = dev->ops->copy_wait_mark(dev, marks[k]);
             status = (status == EMA_SUCCESS) ? st : status;
         }
     }
-    for (r = 0; r < ready; r++) {
+
+out:
+    /* the scratch ranges: after every copy that writes them */
+    for (r = 0; runs != NULL && r < ready; r++) {
         if (runs[r].scratch != NULL) {
             dev->ops->unmap(dev, runs[r].scratch, (size_t)runs[r].count * seg);
             dev->ops->unreserve(dev, runs[r].scratch, (size_t)runs[r].count * seg);
         }
     }
+    if (runs != NULL) {
+        ema_debug("window %u: moved %u of %u segments in %u runs (%s): setup %.0f us, copies "
+                  "queued %.0f us, %s %.0f us, %u remaps: unmap %.0f us, map %.0f us",
+                  win->id, *ok_p, n, nruns, aliased ? "aliased" : "through the window",
+                  t1 - t0, t2 - t1, handed ? "handed over after" : "done after",
+                  (handed ? t3 : ema__now_us()) - t0, nbatch, t_unmap, t_map);
+    }
     free(marks);
-    ema_debug("window %u: moved %u of %u segments in %u runs: setup %.0f us, copy queued "
-              "%.0f us, %s%.0f us, %u remaps: unmap %.0f us, map %.0f us", win->id, *ok_p, n,
-              nruns, t1 - t0, t2 - t1, handover ? "hand-over after " : "remapped after ",
-              (handover && t3 > 0 ? t3 : ema__now_us()) - t0, nbatch, t_unmap, t_map);
     free(runs);
+    free(src);
     free(prun);
     free(poff);
     free(pcnt);

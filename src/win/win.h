@@ -197,6 +197,7 @@ typedef struct ema__win_ctx {
      * against a busy target), so the host kind does not use it for data. */
     int                direct;
     int                no_direct;   /* EMA_HOST_DIRECT=n: never direct */
+    int                migrate_alias; /* EMA_MIGRATE_ALIAS (segment_table.c) */
     char             **peer_base[EMA_TIER_MAX]; /* [size] */
     /* Atomics the transport cannot do on this memory kind (UCX has no
      * atomics on CUDA memory and would fall back to an emulation in which
@@ -421,6 +422,11 @@ void         ema__win_cpath_cleanup(ema__win_ctx_t *ctx);
 /* The local address of @len bytes at @raddr of rank @rank's device tier,
  * mapping its segment on first use; NULL on failure (logged). */
 char        *ema__win_cpath_addr(ema__win_ctx_t *ctx, int rank, uint64_t raddr);
+/* Segment @seg of rank @rank's device memory in its mirror (mapped on first
+ * use, then kept until finalize), or NULL where there is no mirror (host
+ * kind, EMA_CUDA_PATH=ucx, no address space) or the map fails.  Migrations
+ * read and write peers' memory there, not through a window's range. */
+char        *ema__win_cpath_seg(ema__win_ctx_t *ctx, int rank, uint32_t seg);
 /* One line per peer for ema_info: the path in use and the probe's figures. */
 void         ema__win_cpath_print(const ema__win_ctx_t *ctx, FILE *stream);
 

@@ -53,6 +53,7 @@
 static int      rank, nranks, cuda;
 static size_t   nlayers = 32, layer_bytes, seg;
 static unsigned depth   = 2;
+static unsigned pflags  = EMA_WIN_POLICY_FLAG_CYCLIC; /* --read-only adds READ_ONLY */
 static int      passes  = 5;
 static int      ops[MAX_OPS], nops;
 static uint64_t mismatches;
@@ -164,7 +165,7 @@ static void set_policy(ema_win_h win, int on)
     ema_win_policy_params_t p = {
         .field_mask = EMA_WIN_POLICY_PARAM_FIELD_RANGES | EMA_WIN_POLICY_PARAM_FIELD_DEPTH |
                       EMA_WIN_POLICY_PARAM_FIELD_FLAGS,
-        .ranges = r, .count = nlayers, .depth = depth, .flags = EMA_WIN_POLICY_FLAG_CYCLIC};
+        .ranges = r, .count = nlayers, .depth = depth, .flags = pflags};
     CHECK(ema_win_set_policy(win, &p));
     free(r);
 }
@@ -173,12 +174,14 @@ static void usage(void)
 {
     fprintf(stderr,
             "usage: mpirun -n 2 bench/layers [--layers N] [--layer-bytes B] [--ops LIST]\n"
-            "                                [--depth D] [--passes P] [--csv FILE]\n"
+            "                                [--depth D] [--passes P] [--read-only] [--csv FILE]\n"
             "  rank 0 walks N layers (32) of B bytes, each checked word by word and put\n"
             "  through LIST (0,1,4,16,64) multiply-adds per 8-byte word, over a window\n"
             "  all local, then half borrowed from rank 1 (with -n 1 and EMA_SPILL=host:\n"
             "  half spilled) without and with the prefetch policy (depth D, 2).  One CSV\n"
             "  row per intensity: median of P (5) passes, ratio = local time / time.\n"
+            "  --read-only: the policy with EMA_WIN_POLICY_FLAG_READ_ONLY (the walk\n"
+            "  only reads: layers leave for their kept spill copies with no copy).\n"
             "  Memory: EMA_DEVICE_MEMORY must hold the whole window (N*B) on rank 0.\n");
     exit(2);
 }
@@ -197,6 +200,8 @@ int main(int argc, char **argv)
             depth = (unsigned)strtoul(argv[++i], NULL, 0);
         } else if (i + 1 < argc && strcmp(argv[i], "--passes") == 0) {
             passes = atoi(argv[++i]);
+        } else if (strcmp(argv[i], "--read-only") == 0) {
+            pflags |= EMA_WIN_POLICY_FLAG_READ_ONLY;
         } else if (i + 1 < argc && strcmp(argv[i], "--csv") == 0) {
             csv = argv[++i];
         } else {
@@ -274,9 +279,10 @@ int main(int argc, char **argv)
         fill(be, total);
         CHECK(ema_win_stat(we, &ws));
         fprintf(stderr, "# layers: %s kind, %zu layers of %zu bytes, window %zu local + %zu "
-                "borrowed + %zu spilled, depth %u, median of %d passes\n",
+                "borrowed + %zu spilled, depth %u%s, median of %d passes\n",
                 cuda ? "cuda" : "host", nlayers, layer_bytes, ws.bytes_local,
-                ws.bytes_borrowed, ws.bytes_spilled, depth, passes);
+                ws.bytes_borrowed, ws.bytes_spilled, depth,
+                (pflags & EMA_WIN_POLICY_FLAG_READ_ONLY) ? ", read-only" : "", passes);
         const char *tier = ws.bytes_borrowed ? "borrowed" : "spilled";
         fprintf(out, "kind,away,layers,layer_bytes,depth,ops_per_word,flop_per_byte,local_ms,"
                 "none_ms,policy_ms,ratio_none,ratio_policy,policy_moved_mb_per_pass,"

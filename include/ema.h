@@ -394,7 +394,15 @@ enum {
     EMA_WIN_POLICY_FLAG_CYCLIC   = 1u << 0,
     /** Never move groups behind the walk out to make room: bring groups
      *  ahead home only into free local memory. */
-    EMA_WIN_POLICY_FLAG_NO_EVICT = 1u << 1
+    EMA_WIN_POLICY_FLAG_NO_EVICT = 1u << 1,
+    /** The application does not write the groups while the policy is set
+     *  (weights, say).  A group brought home from the spill tier keeps its
+     *  copy there, and when it has to leave again it is remapped to that
+     *  copy, with no copy back (counted in bytes_dropped).  A write to such
+     *  a group (a kernel, ema_put, from any rank) may be lost at its next
+     *  eviction.  The kept copies count against EMA_SPILL_SIZE until the
+     *  policy is replaced or removed, or the window shrinks past them. */
+    EMA_WIN_POLICY_FLAG_READ_ONLY = 1u << 2
 };
 
 /**
@@ -449,7 +457,8 @@ enum {
     EMA_WIN_POLICY_STAT_FIELD_BYTES_EVICTED     = 1ull << 6,
     EMA_WIN_POLICY_STAT_FIELD_SKIPPED_HELD      = 1ull << 7,
     EMA_WIN_POLICY_STAT_FIELD_DEFERRED          = 1ull << 8,
-    EMA_WIN_POLICY_STAT_FIELD_RUNS              = 1ull << 9
+    EMA_WIN_POLICY_STAT_FIELD_RUNS              = 1ull << 9,
+    EMA_WIN_POLICY_STAT_FIELD_BYTES_DROPPED     = 1ull << 10
 };
 
 /**
@@ -469,7 +478,9 @@ typedef struct {
     uint64_t skipped_held;      /**< segment moves left out: held (ema_win_acquire) */
     uint64_t deferred;          /**< runs deferred for a lender's reclaim */
     uint64_t runs;              /**< runs of the policy's job */
-    uint64_t reserved[8];       /**< room for later fields; this version leaves it alone */
+    uint64_t bytes_dropped;     /**< of bytes_evicted, moved out with no copy
+                                     (EMA_WIN_POLICY_FLAG_READ_ONLY) */
+    uint64_t reserved[7];       /**< room for later fields; this version leaves it alone */
 } ema_win_policy_stat_t;
 
 /**

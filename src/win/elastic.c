@@ -252,6 +252,7 @@ static ema_status_t win_shrink(ema_win_h win, size_t new_size)
     }
     atomic_store(&part->size, new_size);
     atomic_store(&part->nsegs, keep);
+    ema__win_policy_shrunk(win, keep); /* kept copies past the end go */
     status = ema__win_publish(win, keep, 0);
     ema__win_wanted_bytes(win); /* forgets the wanted segments dropped */
     ema__win_unlock(win);

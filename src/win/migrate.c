@@ -221,7 +221,18 @@ ema_status_t ema__win_move(ema_win_h win, uint32_t *idx, uint32_t n, int exclude
     uint32_t ok = 0;
     ema_win_handover_t ho = {win, idx, old, loc, first, count, nruns, 0};
     double tm0 = ema__now_us(), tm_copy = 0;
-    if (ctx->direct) {
+    if (flags & EMA_WIN_MOVE_NO_COPY) {
+        /* the targets hold the data already: remap only */
+        if (ctx->direct) {
+            ema_win_remap_t rm = {win, idx, loc, hdl, n, 0, EMA_SUCCESS};
+            ema_win_remap_main(&rm);
+            ok     = rm.ok;
+            status = rm.status;
+            win->stats.migrations += ok;
+        } else {
+            status = ema__win_seg_remap_batch(win, idx, loc, hdl, n, &ok);
+        }
+    } else if (ctx->direct) {
         /* One copy per run contiguous in the old and the new memory,
          * between this rank's mappings of both (a large memcpy streams past
          * the caches), then one remap per run (one TLB shootdown each).
@@ -279,9 +290,19 @@ ema_status_t ema__win_move(ema_win_h win, uint32_t *idx, uint32_t n, int exclude
         if (win->stats.nwanted > 0) {
             ema__win_wanted_bytes(win); /* forgets the wanted segments that moved */
         }
-        /* 5. give the old memory back, one message per lender */
+        /* 5. give the old memory back, one message per lender (but what
+         * the caller keeps: EMA_WIN_MOVE_KEEP_SPILL) */
         tm2 = ema__now_us();
-        ctx->mem_ops->release(ctx->mem_arg, old, ok);
+        if (flags & EMA_WIN_MOVE_KEEP_SPILL) {
+            for (i = 0, k = 0; i < ok; i++) {
+                if (EMA_LOC_RANK(old[i]) != ctx->rank || EMA_LOC_TIER(old[i]) != EMA_TIER_SPILL) {
+                    old[k++] = old[i];
+                }
+            }
+            ctx->mem_ops->release(ctx->mem_arg, old, k);
+        } else {
+            ctx->mem_ops->release(ctx->mem_arg, old, ok);
+        }
         ctx->mem_ops->release(ctx->mem_arg, loc + ok, n - ok);
     }
     atomic_fetch_add(&ctx->bytes_migrated, (uint64_t)ok * seg);

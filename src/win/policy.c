@@ -40,12 +40,20 @@ typedef struct ema__win_policy {
     uint32_t         gen;
     unsigned         depth;
     unsigned         flags;
+    /* EMA_WIN_POLICY_FLAG_READ_ONLY: per segment of the part (nkept of
+     * them), the spill-tier copy kept when the policy brought it home
+     * (kept[i], where has[i]), and where it went (home[i]): while the
+     * segment is still there, leaving again is a remap to kept[i]. */
+    ema__loc_t      *kept, *home;
+    uint8_t         *has;
+    uint32_t         nkept;
 } ema__win_policy_t;
 
 #define EMA_WIN_POLICY_FIELDS (EMA_WIN_POLICY_PARAM_FIELD_RANGES | \
                                EMA_WIN_POLICY_PARAM_FIELD_DEPTH |  \
                                EMA_WIN_POLICY_PARAM_FIELD_FLAGS)
-#define EMA_WIN_POLICY_FLAGS  (EMA_WIN_POLICY_FLAG_CYCLIC | EMA_WIN_POLICY_FLAG_NO_EVICT)
+#define EMA_WIN_POLICY_FLAGS  (EMA_WIN_POLICY_FLAG_CYCLIC | EMA_WIN_POLICY_FLAG_NO_EVICT | \
+                               EMA_WIN_POLICY_FLAG_READ_ONLY)
 
 /* Per-segment marks of a plan. */
 enum {
@@ -210,27 +218,127 @@ static int policy_yield(ema__win_ctx_t *ctx)
     return atomic_load(&ctx->recalls) > 0;
 }
 
-/* Move @idx[0..n) to @loc (with @hdl); returns how many of them moved. */
-static uint32_t policy_move(ema_win_h win, uint32_t *idx, uint32_t n, const ema__loc_t *loc,
-                            const int64_t *hdl, ema__loc_t *old) EMA_REQUIRES(win->lock)
+/* Release the kept copies of segments @first.. of @pol (READ_ONLY). */
+static void policy_release_kept(ema_win_h win, ema__win_policy_t *pol, uint32_t first)
+    EMA_REQUIRES(win->lock)
 {
     EMA_WIN_ASSERT_LOCKED(win);
+    for (uint32_t i = first; pol != NULL && pol->has != NULL && i < pol->nkept; i++) {
+        if (pol->has[i]) {
+            pol->has[i] = 0;
+            win->ctx->mem_ops->release(win->ctx->mem_arg, &pol->kept[i], 1);
+        }
+    }
+}
+
+void ema__win_policy_shrunk(ema_win_h win, uint32_t first)
+{
+    policy_release_kept(win, win->policy, first);
+}
+
+/* Segment @i's kept copy, if it is still a copy of what the window holds
+ * there (the segment is where the policy brought it); a stale one is
+ * released. */
+static int policy_kept(ema_win_h win, ema__win_policy_t *pol, uint32_t i)
+    EMA_REQUIRES(win->lock)
+{
+    if (pol->has == NULL || i >= pol->nkept || !pol->has[i]) {
+        return 0;
+    }
     ema__win_part_t *part = &win->parts[win->ctx->rank];
+    if ((atomic_load(&part->loc[i]) & ~EMA_LOC_MOVING) == pol->home[i]) {
+        return 1;
+    }
+    pol->has[i] = 0;
+    win->ctx->mem_ops->release(win->ctx->mem_arg, &pol->kept[i], 1);
+    return 0;
+}
+
+/* Move @idx[0..n) to @loc (with @hdl), with ema__win_move's @flags;
+ * returns how many of them moved.  With EMA_WIN_MOVE_KEEP_SPILL the
+ * spill-tier memory they leave is kept as their copy (READ_ONLY). */
+static uint32_t policy_move(ema_win_h win, uint32_t *idx, uint32_t n, const ema__loc_t *loc,
+                            const int64_t *hdl, ema__loc_t *old, unsigned flags)
+    EMA_REQUIRES(win->lock)
+{
+    EMA_WIN_ASSERT_LOCKED(win);
+    ema__win_ctx_t *ctx    = win->ctx;
+    ema__win_part_t *part  = &win->parts[ctx->rank];
+    ema__win_policy_t *pol = win->policy;
     uint32_t *copy = malloc((n ? n : 1) * sizeof(*copy));
     uint32_t moved = 0;
 
     if (copy == NULL) {
-        win->ctx->mem_ops->release(win->ctx->mem_arg, loc, n);
+        ctx->mem_ops->release(ctx->mem_arg, loc, n);
         return 0;
     }
     for (uint32_t i = 0; i < n; i++) {
         copy[i] = idx[i];
         old[i]  = atomic_load(&part->loc[idx[i]]) & ~EMA_LOC_MOVING;
     }
-    ema__win_move(win, idx, n, -1, loc, hdl, 0); /* sorts idx; releases what did not move */
+    ema__win_move(win, idx, n, -1, loc, hdl, flags); /* sorts idx; releases what did not move */
     for (uint32_t i = 0; i < n; i++) {
-        moved += (atomic_load(&part->loc[copy[i]]) & ~EMA_LOC_MOVING) != old[i];
+        ema__loc_t now = atomic_load(&part->loc[copy[i]]) & ~EMA_LOC_MOVING;
+        if (now == old[i]) {
+            continue;
+        }
+        moved++;
+        if ((flags & EMA_WIN_MOVE_KEEP_SPILL) && EMA_LOC_RANK(old[i]) == ctx->rank &&
+            EMA_LOC_TIER(old[i]) == EMA_TIER_SPILL) {
+            if (pol != NULL && pol->has != NULL && copy[i] < pol->nkept) {
+                if (pol->has[copy[i]]) { /* an older copy: superseded */
+                    ctx->mem_ops->release(ctx->mem_arg, &pol->kept[copy[i]], 1);
+                }
+                pol->kept[copy[i]] = old[i];
+                pol->home[copy[i]] = now;
+                pol->has[copy[i]]  = 1;
+            } else {
+                ctx->mem_ops->release(ctx->mem_arg, &old[i], 1);
+            }
+        }
     }
+    free(copy);
+    return moved;
+}
+
+static int policy_cmp_u32(const void *a, const void *b)
+{
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* Move @idx[0..n) (behind, local) back to their kept copies, with no copy;
+ * returns how many moved. */
+static uint32_t policy_drop_kept(ema_win_h win, ema__win_policy_t *pol, uint32_t *idx,
+                                 uint32_t n, ema__loc_t *old) EMA_REQUIRES(win->lock)
+{
+    ema__win_ctx_t *ctx  = win->ctx;
+    ema__mem_arena_t *sp = ctx->tier[EMA_TIER_SPILL];
+    ema__loc_t *loc = malloc((n ? n : 1) * sizeof(*loc));
+    int64_t *hdl    = malloc((n ? n : 1) * sizeof(*hdl));
+    uint32_t moved  = 0, *copy = malloc((n ? n : 1) * sizeof(*copy));
+
+    if (loc == NULL || hdl == NULL || copy == NULL) {
+        goto out;
+    }
+    /* ema__win_move sorts idx and takes the targets in that order: here
+     * each target belongs to its segment, so sort first */
+    qsort(idx, n, sizeof(*idx), policy_cmp_u32);
+    for (uint32_t i = 0; i < n; i++) {
+        loc[i]  = pol->kept[idx[i]];
+        hdl[i]  = (sp != NULL && sp->ops->seg_handle != NULL)
+                      ? sp->ops->seg_handle(sp, EMA_LOC_SEG(loc[i]))
+                      : 0;
+        copy[i] = idx[i];
+        /* the kept memory goes back into the window: no longer a copy */
+        pol->has[idx[i]] = 0;
+    }
+    moved = policy_move(win, idx, n, loc, hdl, old, EMA_WIN_MOVE_NO_COPY);
+    /* what did not move (held meanwhile) keeps its copy: ema__win_move
+     * released the targets it did not use, so they are copies no more */
+out:
+    free(loc);
+    free(hdl);
     free(copy);
     return moved;
 }
@@ -252,6 +360,33 @@ static void policy_execute(ema_win_h win, policy_plan_t *p) EMA_REQUIRES(win->lo
     }
     got = ctx->mem_ops->acquire(ctx->mem_arg, p->nahead, -1, EMA_WIN_FROM_LOCAL, loc, hdl);
     uint32_t out = policy_short(p, got);
+    ema__win_policy_t *pol = win->policy;
+    if (out > 0 && (pol->flags & EMA_WIN_POLICY_FLAG_READ_ONLY)) {
+        /* behind segments with a kept copy leave first, with no copy; the
+         * others stay in p->behind for the copying move below */
+        uint32_t nk = 0, nu = 0;
+        uint32_t *kidx = malloc(out * sizeof(*kidx));
+        if (kidx != NULL) {
+            for (uint32_t i = 0; i < out; i++) {
+                if (policy_kept(win, pol, p->behind[i])) {
+                    kidx[nk++] = p->behind[i];
+                } else {
+                    p->behind[nu++] = p->behind[i];
+                }
+            }
+            uint32_t moved = (nk > 0) ? policy_drop_kept(win, pol, kidx, nk, old) : 0;
+            atomic_fetch_add(&win->policy_ctr[EMA_WIN_POLICY_CTR_EVICTED],
+                             (uint64_t)moved * ctx->seg_size);
+            atomic_fetch_add(&win->policy_ctr[EMA_WIN_POLICY_CTR_DROPPED],
+                             (uint64_t)moved * ctx->seg_size);
+            if (moved > 0) {
+                got += ctx->mem_ops->acquire(ctx->mem_arg, p->nahead - got, -1,
+                                             EMA_WIN_FROM_LOCAL, loc + got, hdl + got);
+            }
+            free(kidx);
+            out = policy_short(p, got) < nu ? policy_short(p, got) : nu;
+        }
+    }
     if (out > 0) {
         ema__loc_t *eloc = loc + p->nahead;
         int64_t *ehdl    = hdl + p->nahead;
@@ -261,7 +396,7 @@ static void policy_execute(ema_win_h win, policy_plan_t *p) EMA_REQUIRES(win->lo
             ema_debug("window %u: policy found room for %u of %u segments to move out",
                       win->id, e, out);
         }
-        uint32_t moved = (e > 0) ? policy_move(win, p->behind, e, eloc, ehdl, old) : 0;
+        uint32_t moved = (e > 0) ? policy_move(win, p->behind, e, eloc, ehdl, old, 0) : 0;
         atomic_fetch_add(&win->policy_ctr[EMA_WIN_POLICY_CTR_EVICTED],
                          (uint64_t)moved * ctx->seg_size);
         if (moved > 0) {
@@ -271,7 +406,9 @@ static void policy_execute(ema_win_h win, policy_plan_t *p) EMA_REQUIRES(win->lo
         }
     }
     if (got > 0) {
-        uint32_t moved = policy_move(win, p->ahead, got, loc, hdl, old);
+        uint32_t moved = policy_move(win, p->ahead, got, loc, hdl, old,
+                                     (pol->flags & EMA_WIN_POLICY_FLAG_READ_ONLY)
+                                         ? EMA_WIN_MOVE_KEEP_SPILL : 0);
         atomic_fetch_add(&win->policy_ctr[EMA_WIN_POLICY_CTR_PREFETCHED],
                          (uint64_t)moved * ctx->seg_size);
         ema_debug("window %u: policy brought %u of %u segments home", win->id, moved, got);
@@ -466,6 +603,9 @@ static void policy_free(ema__win_policy_t *pol)
 {
     if (pol != NULL) {
         free(pol->ranges);
+        free(pol->kept);
+        free(pol->home);
+        free(pol->has);
         free(pol);
     }
 }
@@ -481,9 +621,20 @@ EMA_EXPORT ema_status_t ema_win_set_policy(ema_win_h win, const ema_win_policy_p
     if (status != EMA_SUCCESS) {
         return status;
     }
+    if (pol != NULL && (pol->flags & EMA_WIN_POLICY_FLAG_READ_ONLY)) {
+        pol->nkept = win->parts[win->ctx->rank].max_segs;
+        pol->kept  = calloc(pol->nkept ? pol->nkept : 1, sizeof(*pol->kept));
+        pol->home  = calloc(pol->nkept ? pol->nkept : 1, sizeof(*pol->home));
+        pol->has   = calloc(pol->nkept ? pol->nkept : 1, 1);
+        if (pol->kept == NULL || pol->home == NULL || pol->has == NULL) {
+            policy_free(pol);
+            return EMA_ERR_NO_MEMORY;
+        }
+    }
     EMA_WIN_ASSERT_UNLOCKED(win);
     ema__win_lock(win);
     ema__win_policy_t *old = win->policy;
+    policy_release_kept(win, old, 0); /* the old policy's copies go back */
     uint32_t gen = (uint32_t)(atomic_load(&win->policy_gc) >> 32) + 1;
     if (pol != NULL) {
         pol->gen = gen;
@@ -573,13 +724,14 @@ EMA_EXPORT ema_status_t ema_win_policy_stat(ema_win_h win, ema_win_policy_stat_t
     st.skipped_held     = atomic_load(&win->policy_ctr[EMA_WIN_POLICY_CTR_SKIPPED]);
     st.deferred         = atomic_load(&win->policy_ctr[EMA_WIN_POLICY_CTR_DEFERRED]);
     st.runs             = atomic_load(&win->policy_ctr[EMA_WIN_POLICY_CTR_RUNS]);
+    st.bytes_dropped    = atomic_load(&win->policy_ctr[EMA_WIN_POLICY_CTR_DROPPED]);
     st.field_mask = EMA_WIN_POLICY_STAT_FIELD_COUNT | EMA_WIN_POLICY_STAT_FIELD_DEPTH |
                     EMA_WIN_POLICY_STAT_FIELD_GROUP | EMA_WIN_POLICY_STAT_FIELD_BYTES_AHEAD |
                     EMA_WIN_POLICY_STAT_FIELD_BYTES_AHEAD_LOCAL |
                     EMA_WIN_POLICY_STAT_FIELD_BYTES_PREFETCHED |
                     EMA_WIN_POLICY_STAT_FIELD_BYTES_EVICTED |
                     EMA_WIN_POLICY_STAT_FIELD_SKIPPED_HELD | EMA_WIN_POLICY_STAT_FIELD_DEFERRED |
-                    EMA_WIN_POLICY_STAT_FIELD_RUNS;
+                    EMA_WIN_POLICY_STAT_FIELD_RUNS | EMA_WIN_POLICY_STAT_FIELD_BYTES_DROPPED;
     memcpy(stat_p, &st, offsetof(ema_win_policy_stat_t, reserved));
     return EMA_SUCCESS;
 }
@@ -589,6 +741,7 @@ void ema__win_policy_drop(ema_win_h win)
     EMA_WIN_ASSERT_UNLOCKED(win);
     ema__win_lock(win);
     ema__win_policy_t *pol = win->policy;
+    policy_release_kept(win, pol, 0);
     win->policy = NULL;
     atomic_store(&win->policy_gc, atomic_load(&win->policy_gc) & ~0xffffffffull);
     ema__win_unlock(win);

@@ -427,6 +427,32 @@ out:
     return (status == EMA_SUCCESS) ? setup : status;
 }
 
+ema_status_t ema__win_seg_remap_batch(ema_win_h win, const uint32_t *idx, const ema__loc_t *loc,
+                                      const int64_t *hdl, uint32_t n, uint32_t *ok_p)
+{
+    EMA_WIN_ASSERT_LOCKED(win);
+    ema_status_t status = EMA_SUCCESS;
+    double t_unmap = 0, t_map = 0;
+
+    *ok_p = 0;
+    for (uint32_t i = 0; i < n && status == EMA_SUCCESS;) {
+        uint32_t j = i + 1;
+        while (j < n && idx[j] == idx[j - 1] + 1 && loc[j] == loc[j - 1] + 1 &&
+               (hdl[j] == hdl[i] || EMA_LOC_RANK(loc[i]) == win->ctx->rank)) {
+            j++;
+        }
+        status = ema_win_remap_range(win, idx, loc, hdl, i, j - i, &t_unmap, &t_map);
+        if (status == EMA_SUCCESS) {
+            *ok_p += j - i;
+            win->stats.migrations += j - i;
+        }
+        i = j;
+    }
+    ema_debug("window %u: remapped %u of %u segments with no copy: unmap %.0f us, map %.0f us",
+              win->id, *ok_p, n, t_unmap, t_map);
+    return status;
+}
+
 /* No issue of the old epoch is in flight any more. */
 static int ema_win_drained(void *arg)
 {

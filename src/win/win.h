@@ -272,7 +272,7 @@ struct ema_win {
     _Atomic uint64_t policy_gc;     /* generation << 32 | group count (0: none) */
     _Atomic uint64_t policy_pos;    /* generation << 32 | group + 1 (0: not started) */
     atomic_int       policy_queued; /* a policy job is queued and not started */
-    _Atomic uint64_t policy_ctr[5]; /* EMA_WIN_POLICY_CTR_* */
+    _Atomic uint64_t policy_ctr[6]; /* EMA_WIN_POLICY_CTR_* */
 };
 
 /* Request handles.  A request is either a UCX request (its user area holds
@@ -488,6 +488,15 @@ ema_status_t ema__win_seg_move_batch(ema_win_h win, const uint32_t *idx, const e
                                      const int64_t *hdl, uint32_t n, uint32_t *ok_p,
                                      ema__win_handover_fn handover, void *ho_arg)
     EMA_REQUIRES(win->lock);
+/* Remap segments idx[0..n) of the own part to @loc (with @hdl) with no
+ * copy: one unmap (not on host) and one map_many per run.  *@ok_p counts
+ * those remapped, from the first. */
+ema_status_t ema__win_seg_remap_batch(ema_win_h win, const uint32_t *idx, const ema__loc_t *loc,
+                                      const int64_t *hdl, uint32_t n, uint32_t *ok_p)
+    EMA_REQUIRES(win->lock);
+/* The prefetch policy's kept copies (EMA_WIN_POLICY_FLAG_READ_ONLY) of
+ * segments from @first on: released, as the part shrinks to @first. */
+void         ema__win_policy_shrunk(ema_win_h win, uint32_t first) EMA_REQUIRES(win->lock);
 /* Direct kind: copy @count segments from the memory at @src (and the
  * segments after it) to @dst, through this rank's mappings of every rank's
  * memory, not through any window. */
@@ -527,7 +536,8 @@ void         ema__win_apply_update(ema_win_h win, int part, uint64_t version, si
 
 /* Move segments @idx[0..n) of @win's own part to @targets (with @handles),
  * or, if NULL, to memory found anywhere but at @exclude, as one batch
- * (@idx is sorted in place).  Requires win->lock, which it never drops.
+ * (@idx is sorted in place, and targets[i] goes to the i-th segment of the
+ * sorted order: pass @idx sorted where a target belongs to its segment).  Requires win->lock, which it never drops.
  * Held segments (ema_win_acquire) stay where they are: a move never waits
  * for the application.  EMA_ERR_NO_MEMORY: no memory for some of them. */
 ema_status_t ema__win_move(ema_win_h win, uint32_t *idx, uint32_t n, int exclude,
@@ -537,6 +547,12 @@ ema_status_t ema__win_move(ema_win_h win, uint32_t *idx, uint32_t n, int exclude
  * it is given back as soon as the copies are done, before the window's
  * remaps (cuda; on the host kind's direct path a remap is one mmap). */
 #define EMA_WIN_MOVE_HANDOVER_FIRST 0x1u
+/* The targets already hold the data (the prefetch policy's kept copies,
+ * EMA_WIN_POLICY_FLAG_READ_ONLY): remap only, no copy. */
+#define EMA_WIN_MOVE_NO_COPY        0x2u
+/* Old memory in this rank's spill tier is not released: the caller keeps
+ * it (as a copy of what moved home) and releases it later. */
+#define EMA_WIN_MOVE_KEEP_SPILL     0x4u
 /* The owner's reclaim callback @cb for the runs of @idx[0..n) (any order);
  * called WITHOUT any window's lock, so it may call any ema_win_* on the
  * window. */
@@ -560,7 +576,8 @@ enum {
     EMA_WIN_POLICY_CTR_EVICTED    = 1, /* bytes */
     EMA_WIN_POLICY_CTR_SKIPPED    = 2, /* segment moves left out: held */
     EMA_WIN_POLICY_CTR_DEFERRED   = 3, /* runs that yielded to a recall */
-    EMA_WIN_POLICY_CTR_RUNS       = 4
+    EMA_WIN_POLICY_CTR_RUNS       = 4,
+    EMA_WIN_POLICY_CTR_DROPPED    = 5  /* bytes evicted with no copy (READ_ONLY) */
 };
 
 /* A lender's recall is queued (@begin) or has ended or parked (@end): the

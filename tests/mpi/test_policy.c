@@ -13,6 +13,9 @@
  *            moved (the owner's stores into it survive), and a walk that
  *            goes on while rank 1 reclaims everything it lent completes the
  *            reclaim with no byte lost.
+ *   readonly EMA_WIN_POLICY_FLAG_READ_ONLY over a part half in the spill tier:
+ *            groups brought home keep their spill copies, and leave again
+ *            with no copy (bytes_dropped); the copies go with the policy.
  *   yield    (EMA_PROGRESS_THREAD=n) the policy's job that meets a lender's
  *            recall defers (deferred counter), the recall completes first,
  *            then the policy runs again on its own and finishes its work.
@@ -346,6 +349,62 @@ static void test_yield(void)
     T_OK(ema_win_free(w));
 }
 
+/* EMA_WIN_POLICY_FLAG_READ_ONLY, with nothing lent (EMA_LEND_RESERVE = the
+ * capacity): rank 0's part is 4 groups local and 3 in its spill tier.  The
+ * first walk brings the spilled groups home and keeps their spill copies;
+ * the second, from group 0 again, moves them out with no copy (remapped to
+ * their copies: bytes_dropped), and the data reads back intact throughout.
+ * The copies count in ema_mem_stat's bytes_spilled until the policy goes. */
+static void test_readonly(void)
+{
+    ema_test_begin("readonly: spill copies kept, evictions with no copy");
+    ema_mem_stat_t ms;
+    T_OK(ema_mem_stat(&ms));
+    size_t cap  = ms.capacity;
+    size_t size = (size_t)NGROUP * GSEGS * SEG;
+    ema_win_params_t p = {.field_mask = EMA_WIN_PARAM_FIELD_MAX_SIZE, .max_size = size};
+    void *b;
+    ema_win_h w;
+    T_OK(ema_win_allocate(ema_t_rank == 0 ? cap : 0, &p, &b, &w));
+    if (ema_t_rank == 0) {
+        uint64_t *base = b;
+        T_OK(ema_win_grow(w, size));
+        fill(w, base, 0, size, 1);
+        ema_win_stat_t ws = wstat(w);
+        T_EXPECT(ws.bytes_local == cap && ws.bytes_spilled == size - cap,
+                 "setup: local %zu borrowed %zu spilled %zu of %zu (nothing may be lent)",
+                 ws.bytes_local, ws.bytes_borrowed, ws.bytes_spilled, size);
+        set_policy(w, EMA_WIN_POLICY_FLAG_READ_ONLY);
+        walk(w, base, "first walk", 1);
+        ema_win_policy_stat_t st1 = pstat(w);
+        walk(w, base, "second walk", 1);
+        ema_win_policy_stat_t st = pstat(w);
+        T_EXPECT(st.bytes_prefetched > st1.bytes_prefetched && st.bytes_dropped > 0 &&
+                     st.bytes_dropped <= st.bytes_evicted,
+                 "after two walks: prefetched %" PRIu64 " evicted %" PRIu64 " dropped %" PRIu64,
+                 st.bytes_prefetched, st.bytes_evicted, st.bytes_dropped);
+        T_EXPECT(st.bytes_dropped > st1.bytes_dropped,
+                 "the second walk moved nothing out with no copy (dropped %" PRIu64
+                 " after the first walk, %" PRIu64 " after the second)", st1.bytes_dropped,
+                 st.bytes_dropped);
+        ws = wstat(w);
+        T_OK(ema_mem_stat(&ms));
+        T_EXPECT(ms.bytes_spilled > ws.bytes_spilled,
+                 "with the policy: the spill tier holds %zu bytes, the window %zu: no copy kept",
+                 ms.bytes_spilled, ws.bytes_spilled);
+        check_held(w, base, size, 1, "rank 0's part after the walks");
+        T_OK(ema_win_set_policy(w, NULL));
+        ws = wstat(w);
+        T_OK(ema_mem_stat(&ms));
+        T_EXPECT(ms.bytes_spilled == ws.bytes_spilled,
+                 "policy removed: the spill tier holds %zu bytes, the window %zu",
+                 ms.bytes_spilled, ws.bytes_spilled);
+        check_held(w, base, size, 1, "rank 0's part after the policy went");
+    }
+    T_OK(ema_barrier());
+    T_OK(ema_win_free(w));
+}
+
 int main(int argc, char **argv)
 {
     const char *mode = argc > 1 ? argv[1] : "walk";
@@ -367,6 +426,8 @@ int main(int argc, char **argv)
         test_walk();
     } else if (noprog) {
         test_yield();
+    } else if (strcmp(mode, "readonly") == 0) {
+        test_readonly();
     } else {
         fprintf(stderr, "test_policy: unknown mode %s\n", mode);
         return 1;

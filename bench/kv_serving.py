@@ -46,7 +46,9 @@ PRESETS = {
     # ranks) costs less than streaming the 8 GB of weights; phases of 6 s,
     # about two request lifetimes.  The first H200 run, with 1.5 s phases
     # and 48-token outputs, was prefill-bound (doc/kv_serving.md).
-    "cuda": dict(kv_mem="1G", seg=None, tok_bytes=131072,
+    # 128 MiB segments (EMA's cuda default is 256 MiB since 2026-12-03): a
+    # KV cache of 1 GiB lends in 8 of them, as in the first H200 run.
+    "cuda": dict(kv_mem="1G", seg="128M", tok_bytes=131072,
                  args=["--phase", "6", "--warmup", "2", "--drain", "3",
                        "--prompt", "128,0.6,16,512", "--output", "256,0.6,32,768",
                        "--weights-gb", "8"]),
@@ -557,7 +559,7 @@ def main():
     ap.add_argument("--sweep", default="", help="hot demands for the load sweep, e.g. 1,1.4,2.2")
     ap.add_argument("--sweep-seeds", type=int, default=2)
     ap.add_argument("--kv-mem", help="C per rank (host 1M, cuda 1G)")
-    ap.add_argument("--seg", help="EMA_SEGMENT_SIZE (host 64K; cuda: EMA's default)")
+    ap.add_argument("--seg", help="EMA_SEGMENT_SIZE (host 64K; cuda 128M)")
     ap.add_argument("--tok-bytes", type=int)
     ap.add_argument("--oracle-mult", type=float, default=3)
     ap.add_argument("--lend-reserve", default="0", help="elastic's EMA_LEND_RESERVE")

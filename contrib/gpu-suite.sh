@@ -24,8 +24,8 @@
 #      or when the cuda path in use is not zero-copy (ema_init's warning).
 # --only=REGEX runs, after the build, only the steps whose name matches the
 # extended regular expression (the names are those of the "=== " lines).
-# Each rank gets EMA_DEVICE_MEMORY=2G unless it is set (ema_perf: 10G): 16
-# segments of the default 128 MiB.
+# Each rank gets EMA_DEVICE_MEMORY=2G unless it is set (ema_perf: 10G): 8
+# segments of the default 256 MiB.
 # Check is not needed: configure skips the unit tests without it.
 # Everything is logged to ${OUT:-.}/gpu-suite.log; the last line is
 # "N passed, N failed" (and skipped).  Exit status 0 only if nothing failed.
@@ -193,7 +193,7 @@ bytes_of() { # SIZE as EMA reads it (K, M, G, T, any case, optional B or iB), or
     esac
     echo $(($1 << m))
 }
-seg=$(bytes_of "${EMA_SEGMENT_SIZE:-128M}")
+seg=$(bytes_of "${EMA_SEGMENT_SIZE:-256M}")
 cap=$(bytes_of "$EMA_DEVICE_MEMORY")
 
 if [ "$perf_only" = 0 ]; then # --perf-only: build, then the ema_perf step alone
@@ -266,7 +266,7 @@ if [ -x "$build/tests/mpi/test_elastic" ]; then
             "EMA_LEND_RESERVE=$((cap - 3 * seg))" -- "$build/tests/mpi/test_elastic" nomem
     else
         echo "gpu-suite: test_elastic nomem not run: EMA_DEVICE_MEMORY ($EMA_DEVICE_MEMORY)" \
-             "and EMA_SEGMENT_SIZE (${EMA_SEGMENT_SIZE:-128M}) must give 6 segments or more"
+             "and EMA_SEGMENT_SIZE (${EMA_SEGMENT_SIZE:-256M}) must give 6 segments or more"
     fi
 fi
 
@@ -284,7 +284,7 @@ fi
 # segments: "spill", a reserve that leaves each peer 2 lendable segments
 # and a spill tier of 16; "nolend", a reserve of all the memory and a tier
 # of 4 segments, full after 4 spilled.  Each rank pins its whole tier at
-# ema_init (16 x 128 MiB = 2 GiB with the default segments).  ema_init
+# ema_init (16 x 256 MiB = 4 GiB with the default segments).  ema_init
 # says "EMA_CUDA_SPILL=y: an experimental spill tier" where the tier was
 # made: a driver without host VMM gives "no spill tier" and these fail.
 if [ "$cuda_spill" = 1 ]; then

@@ -749,13 +749,18 @@ const ema__mem_ops_t ema__mem_cuda_ops = {
     .size                 = sizeof(ema__mem_ops_t),
     .name                 = "cuda",
     .kind                 = EMA_MEMORY_KIND_CUDA,
-    /* EMA_SEGMENT_SIZE=auto on cuda.  A migration's remap of one segment
-     * (unmap + map + set-access) costs 50-67 us per call whatever its size
-     * (measured on an H200), and it overlaps the copies only where a
-     * segment's copy takes as long: 128 MiB is about 65 us at 2 TB/s.  Measured there, reclaim
-     * of 1 GiB: 64 MiB segments 1717 us, 128 MiB 999 us, 256 MiB 797 us,
-     * against a 523 us copy; smaller segments lend at a finer grain. */
-    .default_segment_size = 128ul << 20,
+    /* EMA_SEGMENT_SIZE=auto on cuda.  bench/vmm_costs on an H200: a
+     * segment's remap costs about 46 us per mapping (cuMemUnmap 17-25 us,
+     * cuMemMap 1.4 us, cuMemSetAccess 25-47 us) whatever its size, and
+     * inside EMA about 85 us, while a copy moves 128 MiB in 65 us.  A
+     * migration remaps while it copies (segment_table.c), so it runs at the
+     * copy's speed once the remaps of a GiB take less than its copy: with
+     * 128 MiB segments they took 650-780 us against a 520 us copy, with
+     * 256 MiB 370-470 us.  ema_perf, 3 launches each (doc/performance.md):
+     * prefetch of 4 GiB 0.64-0.79x a copy's speed with 128 MiB, 0.93-0.94x
+     * with 256 MiB and 512 MiB; of 1 GiB 0.52-0.63x, 0.73-0.84x, 0.85-0.86x.
+     * 256 MiB keeps lending fine enough for GPUs of tens of GiB. */
+    .default_segment_size = 256ul << 20,
     .granularity          = EMA_CUDA_GRANULARITY,
     .usable               = ema__cuda_usable,
     .arena_create         = cuda_arena_create,

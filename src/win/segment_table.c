@@ -221,7 +221,7 @@ ema_status_t ema__win_seg_move_batch(ema_win_h win, const uint32_t *idx, const e
     ema_status_t status = EMA_SUCCESS, setup;
     uint32_t nruns = 0, r, i, k, ready, copied = 0, npieces = 0, nbatch = 0;
     int aliased = 0, marked = 0, handed = 0;
-    double t0 = ema__now_us(), t1 = t0, t2 = t0, t3 = 0, t_unmap = 0, t_map = 0;
+    double t0 = ema__now_us(), t1 = t0, t2 = t0, t3 = 0, t_wait = 0, t_unmap = 0, t_map = 0;
 
     *ok_p = 0;
     if (runs == NULL || src == NULL || prun == NULL || poff == NULL || pcnt == NULL) {
@@ -278,6 +278,7 @@ ema_status_t ema__win_seg_move_batch(ema_win_h win, const uint32_t *idx, const e
         t2 = ema__now_us();
         if (handover != NULL && status == EMA_SUCCESS && dev->ops->copy_wait != NULL) {
             status = dev->ops->copy_wait(dev);
+            t_wait = ema__now_us();
         }
         if (handover != NULL && status == EMA_SUCCESS) {
             handover(ho_arg, copied);
@@ -413,9 +414,10 @@ out:
     }
     if (runs != NULL) {
         ema_debug("window %u: moved %u of %u segments in %u runs (%s): setup %.0f us, copies "
-                  "queued %.0f us, %s %.0f us, %u remaps: unmap %.0f us, map %.0f us",
-                  win->id, *ok_p, n, nruns, aliased ? "aliased" : "through the window",
-                  t1 - t0, t2 - t1, handed ? "handed over after" : "done after",
+                  "queued %.0f us, copies waited for %.0f us, %s %.0f us, %u remaps: unmap "
+                  "%.0f us, map %.0f us", win->id, *ok_p, n, nruns,
+                  aliased ? "aliased" : "through the window", t1 - t0, t2 - t1,
+                  t_wait > 0 ? t_wait - t2 : 0, handed ? "handed over after" : "done after",
                   (handed ? t3 : ema__now_us()) - t0, nbatch, t_unmap, t_map);
     }
     free(marks);

@@ -55,6 +55,7 @@ static size_t   nlayers = 32, layer_bytes, seg;
 static unsigned depth   = 2;
 static unsigned pflags  = EMA_WIN_POLICY_FLAG_CYCLIC; /* --read-only adds READ_ONLY */
 static int      passes  = 5;
+static int      reads   = 1; /* --reads: kernel passes over each layer's slice */
 static int      ops[MAX_OPS], nops;
 static uint64_t mismatches;
 static volatile double sink;
@@ -112,13 +113,15 @@ static double pass(ema_win_h win, char *base, int k, int policy)
         }
         /* the layer is held while it is computed: no migration moves it */
         CHECK(ema_win_acquire(win, off, layer_bytes));
-        if (cuda) {
-            if (layers_gpu_layer(base, off, layer_bytes, k, &mismatches) != 0) {
-                fprintf(stderr, "layers: %s\n", layers_gpu_error());
-                exit(1);
+        for (int r = 0; r < reads; r++) { /* data reuse: a GEMM's tiles, say */
+            if (cuda) {
+                if (layers_gpu_layer(base, off, layer_bytes, k, &mismatches) != 0) {
+                    fprintf(stderr, "layers: %s\n", layers_gpu_error());
+                    exit(1);
+                }
+            } else {
+                host_layer((const uint64_t *)(base + off), off / 8, layer_bytes / 8, k);
             }
-        } else {
-            host_layer((const uint64_t *)(base + off), off / 8, layer_bytes / 8, k);
         }
         CHECK(ema_win_release(win, off, layer_bytes));
     }
@@ -174,14 +177,17 @@ static void usage(void)
 {
     fprintf(stderr,
             "usage: mpirun -n 2 bench/layers [--layers N] [--layer-bytes B] [--ops LIST]\n"
-            "                                [--depth D] [--passes P] [--read-only] [--csv FILE]\n"
+            "                                [--depth D] [--passes P] [--reads R] [--read-only]\n"
+            "                                [--csv FILE]\n"
             "  rank 0 walks N layers (32) of B bytes, each checked word by word and put\n"
             "  through LIST (0,1,4,16,64) multiply-adds per 8-byte word, over a window\n"
             "  all local, then half borrowed from rank 1 (with -n 1 and EMA_SPILL=host:\n"
             "  half spilled) without and with the prefetch policy (depth D, 2).  One CSV\n"
             "  row per intensity: median of P (5) passes, ratio = local time / time.\n"
-            "  --read-only: the policy with EMA_WIN_POLICY_FLAG_READ_ONLY (the walk\n"
-            "  only reads: layers leave for their kept spill copies with no copy).\n"
+            "  --reads R: each layer reads its slice R times (1), as a kernel that\n"
+            "  reuses its data does.  --read-only: the policy with\n"
+            "  EMA_WIN_POLICY_FLAG_READ_ONLY (the walk only reads: layers leave for\n"
+            "  their kept spill copies with no copy).\n"
             "  Memory: EMA_DEVICE_MEMORY must hold the whole window (N*B) on rank 0.\n");
     exit(2);
 }
@@ -200,6 +206,8 @@ int main(int argc, char **argv)
             depth = (unsigned)strtoul(argv[++i], NULL, 0);
         } else if (i + 1 < argc && strcmp(argv[i], "--passes") == 0) {
             passes = atoi(argv[++i]);
+        } else if (i + 1 < argc && strcmp(argv[i], "--reads") == 0) {
+            reads = atoi(argv[++i]);
         } else if (strcmp(argv[i], "--read-only") == 0) {
             pflags |= EMA_WIN_POLICY_FLAG_READ_ONLY;
         } else if (i + 1 < argc && strcmp(argv[i], "--csv") == 0) {
@@ -212,7 +220,7 @@ int main(int argc, char **argv)
         ops[nops++] = (int)strtol(s, (char **)&s, 0);
         s += (*s == ',');
     }
-    if (nlayers < 2 || passes < 1 || depth < 1 || depth > nlayers || nops == 0) {
+    if (nlayers < 2 || passes < 1 || depth < 1 || depth > nlayers || nops == 0 || reads < 1) {
         usage();
     }
 
@@ -279,14 +287,15 @@ int main(int argc, char **argv)
         fill(be, total);
         CHECK(ema_win_stat(we, &ws));
         fprintf(stderr, "# layers: %s kind, %zu layers of %zu bytes, window %zu local + %zu "
-                "borrowed + %zu spilled, depth %u%s, median of %d passes\n",
+                "borrowed + %zu spilled, depth %u%s, %d read%s per layer, median of %d passes\n",
                 cuda ? "cuda" : "host", nlayers, layer_bytes, ws.bytes_local,
                 ws.bytes_borrowed, ws.bytes_spilled, depth,
-                (pflags & EMA_WIN_POLICY_FLAG_READ_ONLY) ? ", read-only" : "", passes);
+                (pflags & EMA_WIN_POLICY_FLAG_READ_ONLY) ? ", read-only" : "", reads,
+                reads > 1 ? "s" : "", passes);
         const char *tier = ws.bytes_borrowed ? "borrowed" : "spilled";
         fprintf(out, "kind,away,layers,layer_bytes,depth,ops_per_word,flop_per_byte,local_ms,"
                 "none_ms,policy_ms,ratio_none,ratio_policy,policy_moved_mb_per_pass,"
-                "mismatches\n");
+                "mismatches,reads\n");
         for (int i = 0; i < nops; i++) {
             set_policy(we, 0);
             double t_none = median_pass(we, be, ops[i], 0);
@@ -298,10 +307,10 @@ int main(int argc, char **argv)
             double moved = (double)(p1.bytes_prefetched - p0.bytes_prefetched +
                                     p1.bytes_evicted - p0.bytes_evicted) /
                            (1 << 20) / (passes + 1);
-            fprintf(out, "%s,%s,%zu,%zu,%u,%d,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%.1f,%" PRIu64 "\n",
+            fprintf(out, "%s,%s,%zu,%zu,%u,%d,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%.1f,%" PRIu64 ",%d\n",
                     cuda ? "cuda" : "host", tier, nlayers, layer_bytes, depth, ops[i],
-                    2.0 * ops[i] / 8, t_local[i], t_none, t_pol, t_local[i] / t_none,
-                    t_local[i] / t_pol, moved, mismatches);
+                    2.0 * reads * ops[i] / 8, t_local[i], t_none, t_pol, t_local[i] / t_none,
+                    t_local[i] / t_pol, moved, mismatches, reads);
             fflush(out);
         }
         set_policy(we, 0);

@@ -15,7 +15,7 @@
 #      --timeout, with the cuda memory kind;
 #   4. test_elastic's held and nomem scenarios and 20 s of ema_stress on 4
 #      ranks; 4b. with --cuda-spill (or GPU_SUITE_CUDA_SPILL=1) only: the
-#      experimental cuda spill tier (EMA_CUDA_SPILL=y): test_elastic's spill
+#      cuda spill tier (EMA_CUDA_SPILL=y): test_elastic's spill
 #      and nolend scenarios, test_policy's walk, yield and readonly on 2 ranks, and
 #      20 s of ema_stress with it; 5. examples/cuda_window and the Python GPU consumer
 #      (examples/python/cuda_consumer.py) on 1, 2 and 4 ranks; 6. ema_perf on 2
@@ -277,15 +277,15 @@ if [ -x "$build/tests/stress/ema_stress" ]; then
         "$build/tests/stress/ema_stress" --time 20
 fi
 
-# The experimental spill tier of the cuda kind (EMA_CUDA_SPILL=y: pinned
-# host memory mapped into the windows' VMM ranges), not yet measured on a
-# GPU: off unless asked for.  test_elastic's spill and nolend scenarios as
+# The spill tier of the cuda kind (EMA_CUDA_SPILL=y: pinned host memory
+# mapped into the windows' VMM ranges), opt-in because it pins memory: off
+# unless asked for.  test_elastic's spill and nolend scenarios as
 # tests/mpi/elastic_{spill,nolend}_np4.sh run them on the host kind, in
 # segments: "spill", a reserve that leaves each peer 2 lendable segments
 # and a spill tier of 16; "nolend", a reserve of all the memory and a tier
 # of 4 segments, full after 4 spilled.  Each rank pins its whole tier at
 # ema_init (16 x 256 MiB = 4 GiB with the default segments).  ema_init
-# says "EMA_CUDA_SPILL=y: an experimental spill tier" where the tier was
+# says "EMA_CUDA_SPILL=y: a spill tier" where the tier was
 # made: a driver without host VMM gives "no spill tier" and these fail.
 if [ "$cuda_spill" = 1 ]; then
     if [ -x "$build/tests/mpi/test_elastic" ] && [ -n "$seg" ] && [ -n "$cap" ] &&

@@ -63,7 +63,7 @@ const ema_config_field_t ema__pool_config_table[] = {
     {"SPILL_SIZE", "4G", "capacity of each rank's host spill tier (address space until used)",
      EMA_POOL_CFG(spill_size), &ema__config_size},
     {"CUDA_SPILL", "n",
-     "experimental, not yet measured on a GPU: give the cuda memory kind the spill tier too, "
+     "opt-in (pins all of it at init): give the cuda memory kind the spill tier too, "
      "as pinned host memory mapped for the GPU (CUDA 12.2+ driver), all EMA_SPILL_SIZE "
      "allocated at ema_init",
      EMA_POOL_CFG(cuda_spill), &ema__config_bool},

@@ -132,8 +132,8 @@ static ema_status_t runtime_spill_create(ema__world_t *w, const ema__mem_ops_t *
 
     if (tier == EMA_SPILL_TIER_NONE) {
         if (w->pool.cfg.spill) {
-            ema_info("EMA_SPILL=host is not supported with the cuda memory kind yet: no spill "
-                     "tier (EMA_CUDA_SPILL=y tries an experimental one)");
+            ema_info("EMA_SPILL=host on the cuda memory kind: no spill tier unless "
+                     "EMA_CUDA_SPILL=y (which pins it at ema_init)");
         }
         w->pool.cfg.spill = 0;
         return EMA_SUCCESS;
@@ -174,7 +174,7 @@ static ema_status_t runtime_spill_create(ema__world_t *w, const ema__mem_ops_t *
         return status;
     }
     if (tier == EMA_SPILL_TIER_CUDA_HOST) {
-        ema_info("EMA_CUDA_SPILL=y: an experimental spill tier of %zu bytes of pinned host "
+        ema_info("EMA_CUDA_SPILL=y: a spill tier of %zu bytes of pinned host "
                  "memory, mapped for GPU %d", w->spill->capacity, w->arena->device);
     }
     return EMA_SUCCESS;

@@ -375,6 +375,8 @@ static void policy_execute(ema_win_h win, policy_plan_t *p) EMA_REQUIRES(win->lo
                 }
             }
             uint32_t moved = (nk > 0) ? policy_drop_kept(win, pol, kidx, nk, old) : 0;
+            ema_debug("window %u: read-only policy: %u of %u segments to move out have a "
+                      "kept copy, %u of them moved back to it", win->id, nk, out, moved);
             atomic_fetch_add(&win->policy_ctr[EMA_WIN_POLICY_CTR_EVICTED],
                              (uint64_t)moved * ctx->seg_size);
             atomic_fetch_add(&win->policy_ctr[EMA_WIN_POLICY_CTR_DROPPED],

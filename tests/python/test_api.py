@@ -450,6 +450,23 @@ class TestViews(harness.Case):
         self.assertEqual(w.policy_stat().count, 0)
         with self.assertRaises(ema.StateError):
             w.advance(0)
+        # read_only: groups brought home from the spill tier keep their spill
+        # copies; walking two laps, the groups just passed leave for those
+        # copies (bytes_dropped) with no copy
+        w.set_policy(groups, depth=2, cyclic=True, read_only=True)
+        for g in list(range(6)) * 2:
+            w.advance(g)
+            self.assertTrue(harness.poll(lambda: w.policy_stat().bytes_ahead_local == 4 * MiB),
+                            w.policy_stat())
+        st = w.policy_stat()
+        self.assertGreater(st.bytes_dropped, 0, st)
+        self.assertLessEqual(st.bytes_dropped, st.bytes_evicted)
+        self.assertGreater(ema.mem_stat().bytes_spilled, w.stat().bytes_spilled)  # the copies
+        self.assertEqual(self.ema_get(0, 4 * MiB), self.data)
+        self.assertEqual(self.ema_get(4 * MiB, 8 * MiB), tail)
+        w.set_policy(None)  # the copies go back to the spill tier
+        self.assertEqual(ema.mem_stat().bytes_spilled, w.stat().bytes_spilled)
+        self.assertEqual(self.ema_get(4 * MiB, 8 * MiB), tail)
 
 
 class TestNotifier(unittest.TestCase):

@@ -122,6 +122,7 @@ WIN_POLICY_PARAM_FIELD_DEPTH = 1 << 1
 WIN_POLICY_PARAM_FIELD_FLAGS = 1 << 2
 WIN_POLICY_FLAG_CYCLIC = 1 << 0
 WIN_POLICY_FLAG_NO_EVICT = 1 << 1
+WIN_POLICY_FLAG_READ_ONLY = 1 << 2
 WIN_POLICY_NO_GROUP = ctypes.c_size_t(-1).value
 
 TIMEOUT_INFINITE = (1 << 64) - 1
@@ -164,6 +165,7 @@ WIN_POLICY_STAT_FIELDS = [
     ("bytes_ahead", c_size_t), ("bytes_ahead_local", c_size_t),
     ("bytes_prefetched", c_uint64), ("bytes_evicted", c_uint64),
     ("skipped_held", c_uint64), ("deferred", c_uint64), ("runs", c_uint64),
+    ("bytes_dropped", c_uint64),
 ]
 
 
@@ -198,7 +200,7 @@ def _struct(name, fields):
 
 
 WinPolicyStat = _struct("WinPolicyStat",
-                        _ROOM_HEAD + WIN_POLICY_STAT_FIELDS + [("reserved", c_uint64 * 8)])
+                        _ROOM_HEAD + WIN_POLICY_STAT_FIELDS + [("reserved", c_uint64 * 7)])
 
 STAT_LAYOUTS = {
     "plain": (_struct("WinStat", WIN_STAT_FIELDS), _struct("MemStat", MEM_STAT_FIELDS)),

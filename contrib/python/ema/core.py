@@ -645,12 +645,15 @@ class Window:
         check(_L.ema_win_prefetch(self._handle(), parse_size(offset, "offset"),
                                   parse_size(nbytes, "nbytes")), "ema_win_prefetch")
 
-    def set_policy(self, ranges, depth=1, cyclic=False, evict=True):
+    def set_policy(self, ranges, depth=1, cyclic=False, evict=True, read_only=False):
         """ema_win_set_policy(3): the order in which this rank walks its part,
         as (offset, length) groups, e.g. one per layer group; the progress
         engine keeps the depth groups after the current one local, moving
         groups behind the walk out only where local memory is short (never
         with evict=False).  cyclic: after the last group comes the first.
+        read_only: the walk never writes the groups (weights): a group
+        brought home from the spill tier keeps its spill copy and leaves
+        again with no copy (a write to it may be lost).
         ranges=None or [] removes the policy.  Never moves held ranges
         (acquire(), pinned views)."""
         if ranges is None or len(ranges) == 0:
@@ -673,7 +676,8 @@ class Window:
         p.count = len(ranges)
         p.depth = depth
         p.flags = ((_lib.WIN_POLICY_FLAG_CYCLIC if cyclic else 0) |
-                   (0 if evict else _lib.WIN_POLICY_FLAG_NO_EVICT))
+                   (0 if evict else _lib.WIN_POLICY_FLAG_NO_EVICT) |
+                   (_lib.WIN_POLICY_FLAG_READ_ONLY if read_only else 0))
         check(_L.ema_win_set_policy(self._handle(), ctypes.byref(p)), "ema_win_set_policy")
 
     def advance(self, group):

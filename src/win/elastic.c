@@ -30,8 +30,12 @@ EMA_EXPORT ema_status_t ema_win_free(ema_win_h win)
      * there is no progress thread) before the window goes. */
     ema__xport_wait_until(ctx->xp, EMA_WAIT_LONG, 0, ema_win_no_prefetch, win);
     status = ema__win_free(ctx, win);
+    if (status == EMA_SUCCESS || win->magic == EMA_WIN_MAGIC_DEAD) {
+        /* its jobs see the window dead; its kept copies go back, also when
+         * only the closing barrier failed */
+        ema__win_policy_drop(win);
+    }
     if (status == EMA_SUCCESS) {
-        ema__win_policy_drop(win); /* its jobs see the window dead */
         /* recalls of its segments end; our memory is free again */
         ctx->mem_ops->changed(ctx->mem_arg, EMA_WIN_CHANGED_RELEASED | EMA_WIN_CHANGED_MEMORY);
     }

@@ -261,15 +261,16 @@ ema_status_t ema__win_move(ema_win_h win, uint32_t *idx, uint32_t n, int exclude
     double tm1 = ema__now_us(), tm2;
     if (ho.handed > 0) {
         /* 4-5 after a hand-over: published and given back already; the
-         * remapped segments leave MOVING (one that failed to remap is
-         * unmapped, said in an error: its data is in the new memory) */
+         * remapped segments leave MOVING (one whose map failed is unmapped,
+         * said in an error: its data is in the new memory), the rest stay
+         * where they were.  Published again, all of it: a TABLE_REP taken
+         * while the owner's table said MOVING may reach a rank after the
+         * hand-over's UPDATE, and only a later version clears it there. */
         for (i = 0; i < n; i++) {
             atomic_store(&part->loc[idx[i]], (i < ho.handed) ? loc[i] : old[i]);
         }
-        if (ho.handed < n) { /* the rest stay where they were */
-            for (uint32_t r = 0; r < nruns; r++) {
-                ema__win_publish(win, first[r], count[r]);
-            }
+        for (uint32_t r = 0; r < nruns; r++) {
+            ema__win_publish(win, first[r], count[r]);
         }
         if (win->stats.nwanted > 0) {
             ema__win_wanted_bytes(win);

@@ -334,8 +334,9 @@ static uint32_t policy_drop_kept(ema_win_h win, ema__win_policy_t *pol, uint32_t
         pol->has[idx[i]] = 0;
     }
     moved = policy_move(win, idx, n, loc, hdl, old, EMA_WIN_MOVE_NO_COPY);
-    /* what did not move (held meanwhile) keeps its copy: ema__win_move
-     * released the targets it did not use, so they are copies no more */
+    /* a segment that did not move (held meanwhile) loses its kept copy:
+     * ema__win_move released the targets it did not use, so its next
+     * eviction copies */
 out:
     free(loc);
     free(hdl);

@@ -136,6 +136,7 @@ static char *ema_win_loc_alias(ema__win_ctx_t *ctx, ema__loc_t l)
 static ema_status_t ema_win_remap_range(ema_win_h win, const uint32_t *idx,
                                         const ema__loc_t *loc, const int64_t *hdl, uint32_t f,
                                         uint32_t c, double *t_unmap, double *t_map)
+    EMA_REQUIRES(win->lock)
 {
     ema__mem_arena_t *dev = win->ctx->tier[EMA_TIER_DEVICE];
     ema_status_t status   = EMA_SUCCESS;
@@ -156,6 +157,61 @@ static ema_status_t ema_win_remap_range(ema_win_h win, const uint32_t *idx,
                       "failed after the copy", win->id, idx[f], idx[f] + c - 1);
         }
     }
+    return status;
+}
+
+/*
+ * The hand-over, once every copy of runs [0, ready) is complete: each run's
+ * window range is unmapped first (on host, put back to PROT_NONE), so that
+ * no access through the window can reach the old memory once it is given
+ * back; then @handover publishes and gives back the runs unmapped (a prefix:
+ * the rest, whose unmap failed, stay where they were, with their data);
+ * then their new memory is mapped.  A map that fails leaves its range
+ * unmapped (said in an error), and the others are still mapped.
+ */
+static ema_status_t ema_win_hand_over(ema_win_h win, const ema_win_move_run_t *runs,
+                                      uint32_t ready, const uint32_t *idx,
+                                      const ema__loc_t *loc, const int64_t *hdl,
+                                      ema__win_handover_fn handover, void *ho_arg,
+                                      uint32_t *ok_p, uint32_t *nbatch, double *t_unmap,
+                                      double *t_map) EMA_REQUIRES(win->lock)
+{
+    ema__mem_arena_t *dev = win->ctx->tier[EMA_TIER_DEVICE];
+    ema_status_t status = EMA_SUCCESS;
+    uint32_t r, u;
+    double t = ema__now_us();
+
+    for (u = 0; u < ready; u++) {
+        status = dev->ops->unmap(dev, (char *)win->base + (size_t)idx[runs[u].first] *
+                                          win->ctx->seg_size,
+                                 (size_t)runs[u].count * win->ctx->seg_size);
+        if (status != EMA_SUCCESS) {
+            ema_error("window %u: segments %u..%u keep their old memory: unmapping it "
+                      "failed", win->id, idx[runs[u].first],
+                      idx[runs[u].first] + runs[u].count - 1);
+            break;
+        }
+    }
+    *t_unmap += ema__now_us() - t;
+    if (u == 0) {
+        return status;
+    }
+    handover(ho_arg, runs[u - 1].first + runs[u - 1].count);
+    t = ema__now_us();
+    for (r = 0; r < u; r++) {
+        uint32_t f = runs[r].first, c = runs[r].count;
+        ema_status_t st = ema__win_seg_map_many(win, idx[f], loc[f], c, hdl[f]);
+        (*nbatch)++;
+        if (st == EMA_SUCCESS) {
+            *ok_p += c;
+            win->stats.migrations += c;
+        } else {
+            ema_error("window %u: segments %u..%u are unmapped: mapping their new memory "
+                      "failed after the copy", win->id, idx[f], idx[f] + c - 1);
+            status = (status == EMA_SUCCESS) ? st : status;
+        }
+    }
+    *t_map += ema__now_us() - t;
     return status;
 }
 
@@ -280,12 +336,16 @@ ema_status_t ema__win_seg_move_batch(ema_win_h win, const uint32_t *idx, const e
             status = dev->ops->copy_wait(dev);
             t_wait = ema__now_us();
         }
-        if (handover != NULL && status == EMA_SUCCESS) {
-            handover(ho_arg, copied);
-            handed = 1;
-            t3 = ema__now_us();
+        if (handover != NULL) {
+            if (status == EMA_SUCCESS) {
+                status = ema_win_hand_over(win, runs, ready, idx, loc, hdl, handover, ho_arg,
+                                           ok_p, &nbatch, &t_unmap, &t_map);
+                handed = 1;
+                t3     = ema__now_us();
+            }
+            goto out;
         }
-        /* the remaps: while the copies run (no hand-over), or after it */
+        /* the remaps, while the copies run */
         for (r = 0; r < ready && status == EMA_SUCCESS; r++) {
             status = ema_win_remap_range(win, idx, loc, hdl, runs[r].first, runs[r].count,
                                          &t_unmap, &t_map);
@@ -353,19 +413,10 @@ ema_status_t ema__win_seg_move_batch(ema_win_h win, const uint32_t *idx, const e
             }
         }
         if (status == EMA_SUCCESS && copied > 0) {
-            handover(ho_arg, copied);
+            status = ema_win_hand_over(win, runs, ready, idx, loc, hdl, handover, ho_arg, ok_p,
+                                       &nbatch, &t_unmap, &t_map);
             handed = 1;
-            t3 = ema__now_us();
-            for (r = 0; r < ready; r++) {
-                ema_status_t st = ema_win_remap_range(win, idx, loc, hdl, runs[r].first,
-                                                      runs[r].count, &t_unmap, &t_map);
-                nbatch++;
-                if (st == EMA_SUCCESS) {
-                    *ok_p += runs[r].count;
-                    win->stats.migrations += runs[r].count;
-                }
-                status = (status == EMA_SUCCESS) ? st : status;
-            }
+            t3     = ema__now_us();
         }
     } else {
         /* remap piece by piece as the copies complete, joining the later
@@ -417,7 +468,7 @@ out:
                   "queued %.0f us, copies waited for %.0f us, %s %.0f us, %u remaps: unmap "
                   "%.0f us, map %.0f us", win->id, *ok_p, n, nruns,
                   aliased ? "aliased" : "through the window", t1 - t0, t2 - t1,
-                  t_wait > 0 ? t_wait - t2 : 0, handed ? "handed over after" : "done after",
+                  t_wait > 0 ? t_wait - t2 : 0, handed ? "handed over, done after" : "done after",
                   (handed ? t3 : ema__now_us()) - t0, nbatch, t_unmap, t_map);
     }
     free(marks);

@@ -274,6 +274,8 @@ void ema__win_ctx_cleanup(ema__win_ctx_t *ctx)
         struct ema_win *w = ctx->dead;
         ctx->dead = w->dead_next;
         pthread_mutex_destroy(&w->lock); /* kept alive for ema__win_recall's walk */
+        win_release_parts(ctx, w->parts); /* NULL but after a failed allocation */
+        free(w->held);
         free(w);
     }
     ema__win_cpath_cleanup(ctx);
@@ -563,17 +565,24 @@ err_unmap:
         ema__xport_free_blobs(ctx->xp, blobs, lens);
     }
     if (win != NULL) {
-        win_release_parts(ctx, win->parts);
+        /* a linked window keeps its tables until ema__win_ctx_cleanup: a
+         * message handler that found it before the unlink may still read
+         * them (the failed barrier means messages may be in flight) */
+        if (!linked) {
+            win_release_parts(ctx, win->parts);
+            win->parts = NULL;
+        }
         if (mapped > 0) {
             arena->ops->unmap(arena, win->base, (size_t)mapped * seg);
         }
         if (win->base != NULL) {
             arena->ops->unreserve(arena, win->base, win->reserved);
         }
-        free(win->held);
-        win->held  = NULL;
-        win->parts = NULL;
-        win->base  = NULL;
+        if (!linked) {
+            free(win->held);
+            win->held = NULL;
+        }
+        win->base = NULL;
         if (lock_made && !linked) {
             pthread_mutex_destroy(&win->lock);
         }

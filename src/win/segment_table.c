@@ -84,19 +84,23 @@ ema_status_t ema__win_seg_unmap(ema_win_h win, uint32_t first, uint32_t count)
  *   2. where the old memory can be read: with EMA_MIGRATE_ALIAS (default)
  *      and every segment's old memory mapped outside the window (our own
  *      arenas, peers' mirrors), there (aliased); else through the window;
- *   3. aliased: every copy queued, and the window's ranges remapped (one
- *      unmap and one map_many per run) while they run; then
- *      - without @handover, one wait for the copies: the migration costs
- *        the copy or the remaps, whichever is longer, not their sum;
- *      - with @handover (a lender waits for its memory), the remaps wait:
- *        every copy is waited for, then @handover(@ho_arg, n) publishes the
- *        new locations and gives the old memory back, and only then are the
- *        ranges remapped, so the lender waits for the copies and a message;
+ *   3. aliased: every copy queued, then
+ *      - without @handover, the window's ranges remapped (one unmap and one
+ *        map_many per run) while they run, and one wait for the copies: the
+ *        migration costs the copy or the remaps, whichever is longer, not
+ *        their sum;
+ *      - with @handover (a lender waits for its memory), the ranges are
+ *        unmapped while the copies run (an access through the window then
+ *        faults rather than reach memory given back), every copy is waited
+ *        for, @handover(@ho_arg, n) publishes the new locations and gives
+ *        the old memory back, and only then is the new memory mapped, so
+ *        the lender waits for the copies and a message;
  *   3'. through the window: copies queued in pieces of EMA_WIN_MOVE_PIECE,
  *      each followed by a mark (copy_mark); with @handover, all waited for,
- *      the hand-over, then the remaps; else each piece remapped once its
- *      mark is passed, together with every later piece of the run whose
- *      mark has passed too (copy_mark_done), while the later copies run.
+ *      the ranges unmapped, the hand-over, then the maps; else each piece
+ *      remapped once its mark is passed, together with every later piece
+ *      of the run whose mark has passed too (copy_mark_done), while the
+ *      later copies run.
  * @ok_p counts the segments remapped, from the first (runs are done in
  * order); without a hand-over the rest still map the old memory, with their
  * data.  A remap that fails leaves its range unmapped (said in an error).
@@ -161,31 +165,26 @@ static ema_status_t ema_win_remap_range(ema_win_h win, const uint32_t *idx,
 }
 
 /*
- * The hand-over, once every copy of runs [0, ready) is complete: each run's
- * window range is unmapped first (on host, put back to PROT_NONE), so that
- * no access through the window can reach the old memory once it is given
- * back; then @handover publishes and gives back the runs unmapped (a prefix:
- * the rest, whose unmap failed, stay where they were, with their data);
- * then their new memory is mapped.  A map that fails leaves its range
- * unmapped (said in an error), and the others are still mapped.
+ * The hand-over's two halves.  First each run's window range is unmapped
+ * (on host, put back to PROT_NONE), so that no access through the window
+ * can reach the old memory once it is given back: an aliased batch does it
+ * while its copies run (they do not read the window), a batch through the
+ * window after them.  Returns how many runs, from the first, are unmapped:
+ * a run whose unmap fails, and those after it, are not handed over and keep
+ * their old memory and data.
  */
-static ema_status_t ema_win_hand_over(ema_win_h win, const ema_win_move_run_t *runs,
-                                      uint32_t ready, const uint32_t *idx,
-                                      const ema__loc_t *loc, const int64_t *hdl,
-                                      ema__win_handover_fn handover, void *ho_arg,
-                                      uint32_t *ok_p, uint32_t *nbatch, double *t_unmap,
-                                      double *t_map) EMA_REQUIRES(win->lock)
+static uint32_t ema_win_unmap_runs(ema_win_h win, const ema_win_move_run_t *runs,
+                                   uint32_t ready, const uint32_t *idx, double *t_unmap)
+    EMA_REQUIRES(win->lock)
 {
     ema__mem_arena_t *dev = win->ctx->tier[EMA_TIER_DEVICE];
-    ema_status_t status = EMA_SUCCESS;
-    uint32_t r, u;
-    double t = ema__now_us();
+    size_t seg = win->ctx->seg_size;
+    double t   = ema__now_us();
+    uint32_t u;
 
     for (u = 0; u < ready; u++) {
-        status = dev->ops->unmap(dev, (char *)win->base + (size_t)idx[runs[u].first] *
-                                          win->ctx->seg_size,
-                                 (size_t)runs[u].count * win->ctx->seg_size);
-        if (status != EMA_SUCCESS) {
+        if (dev->ops->unmap(dev, (char *)win->base + (size_t)idx[runs[u].first] * seg,
+                            (size_t)runs[u].count * seg) != EMA_SUCCESS) {
             ema_error("window %u: segments %u..%u keep their old memory: unmapping it "
                       "failed", win->id, idx[runs[u].first],
                       idx[runs[u].first] + runs[u].count - 1);
@@ -193,12 +192,28 @@ static ema_status_t ema_win_hand_over(ema_win_h win, const ema_win_move_run_t *r
         }
     }
     *t_unmap += ema__now_us() - t;
+    return u;
+}
+
+/* Second half, once every copy is complete: @handover publishes and gives
+ * back the @u runs unmapped, then their new memory is mapped.  A map that
+ * fails leaves its range unmapped (said in an error); the others are still
+ * mapped. */
+static ema_status_t ema_win_hand_over(ema_win_h win, const ema_win_move_run_t *runs,
+                                      uint32_t u, const uint32_t *idx, const ema__loc_t *loc,
+                                      const int64_t *hdl, ema__win_handover_fn handover,
+                                      void *ho_arg, uint32_t *ok_p, uint32_t *nbatch,
+                                      double *t_map) EMA_REQUIRES(win->lock)
+{
+    ema_status_t status = EMA_SUCCESS;
+    double t;
+
     if (u == 0) {
-        return status;
+        return EMA_ERR_IO; /* said by ema_win_unmap_runs */
     }
     handover(ho_arg, runs[u - 1].first + runs[u - 1].count);
     t = ema__now_us();
-    for (r = 0; r < u; r++) {
+    for (uint32_t r = 0; r < u; r++) {
         uint32_t f = runs[r].first, c = runs[r].count;
         ema_status_t st = ema__win_seg_map_many(win, idx[f], loc[f], c, hdl[f]);
         (*nbatch)++;
@@ -332,16 +347,27 @@ ema_status_t ema__win_seg_move_batch(ema_win_h win, const uint32_t *idx, const e
             }
         }
         t2 = ema__now_us();
-        if (handover != NULL && status == EMA_SUCCESS && dev->ops->copy_wait != NULL) {
-            status = dev->ops->copy_wait(dev);
-            t_wait = ema__now_us();
-        }
         if (handover != NULL) {
+            /* the window's ranges go while the copies run; then the
+             * hand-over, then the new memory is mapped */
+            uint32_t u = (status == EMA_SUCCESS) ? ema_win_unmap_runs(win, runs, ready, idx,
+                                                                     &t_unmap)
+                                                 : 0;
+            if (dev->ops->copy_wait != NULL) {
+                ema_status_t st = dev->ops->copy_wait(dev);
+                status = (status == EMA_SUCCESS) ? st : status;
+                t_wait = ema__now_us();
+            }
             if (status == EMA_SUCCESS) {
-                status = ema_win_hand_over(win, runs, ready, idx, loc, hdl, handover, ho_arg,
-                                           ok_p, &nbatch, &t_unmap, &t_map);
-                handed = 1;
+                status = ema_win_hand_over(win, runs, u, idx, loc, hdl, handover, ho_arg,
+                                           ok_p, &nbatch, &t_map);
+                handed = (u > 0);
                 t3     = ema__now_us();
+            } else if (u > 0) {
+                /* a copy failed on the device: a sticky error of the CUDA
+                 * context, after which none of its memory is usable */
+                ema_error("window %u: a migration's copy failed after %u runs were "
+                          "unmapped: their data is lost", win->id, u);
             }
             goto out;
         }
@@ -413,9 +439,10 @@ ema_status_t ema__win_seg_move_batch(ema_win_h win, const uint32_t *idx, const e
             }
         }
         if (status == EMA_SUCCESS && copied > 0) {
-            status = ema_win_hand_over(win, runs, ready, idx, loc, hdl, handover, ho_arg, ok_p,
-                                       &nbatch, &t_unmap, &t_map);
-            handed = 1;
+            uint32_t u = ema_win_unmap_runs(win, runs, ready, idx, &t_unmap);
+            status = ema_win_hand_over(win, runs, u, idx, loc, hdl, handover, ho_arg, ok_p,
+                                       &nbatch, &t_map);
+            handed = (u > 0);
             t3     = ema__now_us();
         }
     } else {

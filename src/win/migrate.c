@@ -145,6 +145,9 @@ ema_status_t ema__win_move(ema_win_h win, uint32_t *idx, uint32_t n, int exclude
     uint32_t got, nruns, i, k;
 
     if (old == NULL || loc == NULL || hdl == NULL || first == NULL || count == NULL) {
+        if (targets != NULL) { /* the caller's memory goes back, as for a move */
+            ctx->mem_ops->release(ctx->mem_arg, targets, n);
+        }
         status = EMA_ERR_NO_MEMORY;
         goto out;
     }

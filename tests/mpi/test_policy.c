@@ -155,8 +155,9 @@ static int wait_ahead_local(ema_win_h w, ema_win_policy_stat_t *st)
 }
 
 /* Rank 0's window: 4 groups in its own memory, 3 borrowed from rank 1
- * (which keeps 2 segments free, room for what the policy moves out). */
-static ema_win_h setup(uint64_t **base_p, size_t *size_p)
+ * (which keeps 2 segments free, room for what the policy moves out), or,
+ * with @spilled (nothing lent), in rank 0's spill tier. */
+static ema_win_h setup_away(uint64_t **base_p, size_t *size_p, int spilled)
 {
     ema_mem_stat_t ms;
     T_OK(ema_mem_stat(&ms));
@@ -170,14 +171,21 @@ static ema_win_h setup(uint64_t **base_p, size_t *size_p)
         T_OK(ema_win_grow(w, size));
         fill(w, b, 0, size, 1);
         ema_win_stat_t ws = wstat(w);
-        T_EXPECT(ws.bytes_local == cap && ws.bytes_borrowed == size - cap,
-                 "setup: local %zu borrowed %zu spilled %zu of %zu", ws.bytes_local,
-                 ws.bytes_borrowed, ws.bytes_spilled, size);
+        T_EXPECT(ws.bytes_local == cap &&
+                     (spilled ? ws.bytes_spilled : ws.bytes_borrowed) == size - cap,
+                 "setup: local %zu borrowed %zu spilled %zu of %zu (expected the rest %s)",
+                 ws.bytes_local, ws.bytes_borrowed, ws.bytes_spilled, size,
+                 spilled ? "spilled" : "borrowed");
     }
     T_OK(ema_barrier());
     *base_p = b;
     *size_p = size;
     return w;
+}
+
+static ema_win_h setup(uint64_t **base_p, size_t *size_p)
+{
+    return setup_away(base_p, size_p, 0);
 }
 
 static void set_policy(ema_win_h w, unsigned flags)
@@ -358,22 +366,12 @@ static void test_yield(void)
 static void test_readonly(void)
 {
     ema_test_begin("readonly: spill copies kept, evictions with no copy");
+    uint64_t *base;
+    size_t size;
     ema_mem_stat_t ms;
-    T_OK(ema_mem_stat(&ms));
-    size_t cap  = ms.capacity;
-    size_t size = (size_t)NGROUP * GSEGS * SEG;
-    ema_win_params_t p = {.field_mask = EMA_WIN_PARAM_FIELD_MAX_SIZE, .max_size = size};
-    void *b;
-    ema_win_h w;
-    T_OK(ema_win_allocate(ema_t_rank == 0 ? cap : 0, &p, &b, &w));
+    ema_win_h w = setup_away(&base, &size, 1);
     if (ema_t_rank == 0) {
-        uint64_t *base = b;
-        T_OK(ema_win_grow(w, size));
-        fill(w, base, 0, size, 1);
-        ema_win_stat_t ws = wstat(w);
-        T_EXPECT(ws.bytes_local == cap && ws.bytes_spilled == size - cap,
-                 "setup: local %zu borrowed %zu spilled %zu of %zu (nothing may be lent)",
-                 ws.bytes_local, ws.bytes_borrowed, ws.bytes_spilled, size);
+        ema_win_stat_t ws;
         set_policy(w, EMA_WIN_POLICY_FLAG_READ_ONLY);
         walk(w, base, "first walk", 1);
         ema_win_policy_stat_t st1 = pstat(w);

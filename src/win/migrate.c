@@ -79,12 +79,13 @@ static int ema_win_cmp_u32(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-/* The hand-over of a recall (EMA_WIN_MOVE_HANDOVER_FIRST): the copied
- * segments' new locations go out to every rank and their old memory back to
- * its lenders before the window's own ranges are remapped.  Until its remap
- * the owner keeps each segment MOVING, so its own acquires and operations
- * wait for the remap; the other ranks never reach a segment through the
- * owner's window range, so they use the new memory at once. */
+/* The hand-over of a recall (EMA_WIN_MOVE_HANDOVER_FIRST): once the copied
+ * segments' window ranges are unmapped (segment_table.c), their new
+ * locations go out to every rank and their old memory back to its lenders,
+ * before the new memory is mapped in the window.  Until then the owner keeps
+ * each segment MOVING, so its own acquires and operations wait for the map;
+ * the other ranks never reach a segment through the owner's window range, so
+ * they use the new memory at once. */
 typedef struct {
     ema_win_h          win;
     const uint32_t    *idx;

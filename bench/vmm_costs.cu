@@ -188,6 +188,15 @@ static void remap_all(ctx_t *c)
     CK(cuMemSetAccess(c->W, c->total, &c->acc, 1));
 }
 
+/* One copy per segment, src to D, each followed by its event in @evs. */
+static void queue_seg_copies(ctx_t *c, CUdeviceptr src, std::vector<CUevent> &evs)
+{
+    for (int i = 0; i < c->n; i++) {
+        CK(cuMemcpyAsync(c->D + (size_t)i * c->seg, src + (size_t)i * c->seg, c->seg, c->s));
+        CK(cuEventRecord(evs[i], c->s));
+    }
+}
+
 static double copy_ref(ctx_t *c)
 {
     CUevent a, b;
@@ -372,10 +381,7 @@ int main(int argc, char **argv)
                 CK(cuEventCreate(&evs[i], CU_EVENT_DISABLE_TIMING));
             }
             t0 = now_us();
-            for (int i = 0; i < c.n; i++) {
-                CK(cuMemcpyAsync(c.D + (size_t)i * seg, c.W + (size_t)i * seg, seg, c.s));
-                CK(cuEventRecord(evs[i], c.s));
-            }
+            queue_seg_copies(&c, c.W, evs);
             for (int i = 0; i < c.n; i++) {
                 CK(cuEventSynchronize(evs[i]));
                 remap_seg(&c, i);
@@ -387,10 +393,7 @@ int main(int argc, char **argv)
             /* handover first: wait for every copy, then remap */
             reset(&c, salt);
             t0 = now_us();
-            for (int i = 0; i < c.n; i++) {
-                CK(cuMemcpyAsync(c.D + (size_t)i * seg, c.W + (size_t)i * seg, seg, c.s));
-                CK(cuEventRecord(evs[i], c.s));
-            }
+            queue_seg_copies(&c, c.W, evs);
             CK(cuEventSynchronize(evs[c.n - 1]));
             t1 = now_us();
             remap_all(&c);

@@ -8,6 +8,7 @@
 
 #include "topo/topo.h"
 #include "util/log.h"
+#include "util/sort.h"
 
 /* Segments granted by peers and not yet in a window table: a recall for
  * one of them must wait until it is mapped. */
@@ -135,12 +136,6 @@ static void ema_pool_grant_cb(void *waiter, const void *arg)
     atomic_store(&w->done, 1);
 }
 
-static int ema_pool_seg_cmp(const void *a, const void *b)
-{
-    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
-    return (x > y) - (x < y);
-}
-
 /* A GRANT: wake the borrower waiting for it (ema_pool_borrow_from). */
 void ema__pool_granted(ema__pool_t *pool, int src, const ema_pool_msg_t *m,
                        const char *payload, size_t plen)
@@ -172,7 +167,7 @@ void ema__pool_granted(ema__pool_t *pool, int src, const ema_pool_msg_t *m,
             g.wellformed = 0;
         } else {
             memcpy(sorted, segs, (size_t)m->count * sizeof(uint32_t));
-            qsort(sorted, m->count, sizeof(uint32_t), ema_pool_seg_cmp);
+            qsort(sorted, m->count, sizeof(uint32_t), ema__cmp_u32);
             for (uint32_t i = 1; g.wellformed && i < m->count; i++) {
                 g.wellformed = sorted[i] != sorted[i - 1];
             }

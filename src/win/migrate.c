@@ -22,40 +22,11 @@
 
 #include "util/clock.h"
 #include "util/log.h"
+#include "util/sort.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-/* Remap a batch of window segments to their new memory, one mmap per run
- * contiguous on both sides; ok counts the segments remapped, from the
- * first. */
-typedef struct {
-    ema_win_h         win;
-    const uint32_t   *idx;
-    const ema__loc_t *loc;
-    const int64_t    *hdl;
-    uint32_t          n;
-    uint32_t          ok;
-    ema_status_t      status;
-} ema_win_remap_t;
-
-static void ema_win_remap_main(ema_win_remap_t *rm)
-{
-    EMA_WIN_ASSERT_LOCKED(rm->win);
-    for (uint32_t i = 0; i < rm->n;) {
-        uint32_t j = i + 1;
-        while (j < rm->n && rm->idx[j] == rm->idx[j - 1] + 1 &&
-               rm->loc[j] == rm->loc[j - 1] + 1 && rm->hdl[j] == rm->hdl[i]) {
-            j++;
-        }
-        rm->status = ema__win_seg_map_many(rm->win, rm->idx[i], rm->loc[i], j - i, rm->hdl[i]);
-        if (rm->status != EMA_SUCCESS) {
-            break;
-        }
-        rm->ok += j - i;
-        i = j;
-    }
-}
 
 /* Runs of consecutive indices in @idx (sorted): first[] and count[]. */
 static uint32_t ema_win_runs(const uint32_t *idx, uint32_t n, uint32_t *first, uint32_t *count)
@@ -73,11 +44,6 @@ static uint32_t ema_win_runs(const uint32_t *idx, uint32_t n, uint32_t *first, u
     return nruns;
 }
 
-static int ema_win_cmp_u32(const void *a, const void *b)
-{
-    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
-    return (x > y) - (x < y);
-}
 
 /* The hand-over of a recall (EMA_WIN_MOVE_HANDOVER_FIRST): once the copied
  * segments' window ranges are unmapped (segment_table.c), their new
@@ -152,7 +118,7 @@ ema_status_t ema__win_move(ema_win_h win, uint32_t *idx, uint32_t n, int exclude
         status = EMA_ERR_NO_MEMORY;
         goto out;
     }
-    qsort(idx, n, sizeof(*idx), ema_win_cmp_u32);
+    qsort(idx, n, sizeof(*idx), ema__cmp_u32);
     if (targets == NULL) {
         /* held segments stay: find memory for the others only */
         for (i = 0, k = 0; i < n; i++) {
@@ -227,15 +193,7 @@ ema_status_t ema__win_move(ema_win_h win, uint32_t *idx, uint32_t n, int exclude
     double tm0 = ema__now_us(), tm_copy = 0;
     if (flags & EMA_WIN_MOVE_NO_COPY) {
         /* the targets hold the data already: remap only */
-        if (ctx->direct) {
-            ema_win_remap_t rm = {win, idx, loc, hdl, n, 0, EMA_SUCCESS};
-            ema_win_remap_main(&rm);
-            ok     = rm.ok;
-            status = rm.status;
-            win->stats.migrations += ok;
-        } else {
-            status = ema__win_seg_remap_batch(win, idx, loc, hdl, n, &ok);
-        }
+        status = ema__win_seg_remap_batch(win, idx, loc, hdl, n, &ok);
     } else if (ctx->direct) {
         /* One copy per run contiguous in the old and the new memory,
          * between this rank's mappings of both (a large memcpy streams past
@@ -243,7 +201,6 @@ ema_status_t ema__win_move(ema_win_h win, uint32_t *idx, uint32_t n, int exclude
          * The remap costs the kernel about 80 us per 2 MiB to tear down the
          * old 4 KiB page-table entries; running it on a second thread during
          * the copy was measured no faster on two cores. */
-        ema_win_remap_t rm = {win, idx, loc, hdl, n, 0, EMA_SUCCESS};
         for (i = 0; i < n;) {
             uint32_t j = i + 1;
             while (j < n && old[j] == old[j - 1] + 1 && loc[j] == loc[j - 1] + 1) {
@@ -253,10 +210,7 @@ ema_status_t ema__win_move(ema_win_h win, uint32_t *idx, uint32_t n, int exclude
             i = j;
         }
         tm_copy = ema__now_us();
-        ema_win_remap_main(&rm);
-        ok     = rm.ok;
-        status = rm.status;
-        win->stats.migrations += ok;
+        status  = ema__win_seg_remap_batch(win, idx, loc, hdl, n, &ok);
     } else {
         status = ema__win_seg_move_batch(win, idx, loc, hdl, n, &ok,
                                          (flags & EMA_WIN_MOVE_HANDOVER_FIRST)
@@ -403,7 +357,7 @@ void ema__win_notify(ema_win_h win, ema_reclaim_cb cb, void *cb_arg, const uint3
         return;
     }
     memcpy(runs, idx, n * sizeof(*runs));
-    qsort(runs, n, sizeof(*runs), ema_win_cmp_u32);
+    qsort(runs, n, sizeof(*runs), ema__cmp_u32);
     for (uint32_t i = 0; i < n;) {
         uint32_t j = i + 1;
         while (j < n && runs[j] == runs[j - 1] + 1) {

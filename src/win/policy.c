@@ -29,6 +29,7 @@
 #include "win.h"
 
 #include "util/log.h"
+#include "util/sort.h"
 #include "util/state.h"
 
 #include <stdlib.h>
@@ -301,12 +302,6 @@ static uint32_t policy_move(ema_win_h win, uint32_t *idx, uint32_t n, const ema_
     return moved;
 }
 
-static int policy_cmp_u32(const void *a, const void *b)
-{
-    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
-    return (x > y) - (x < y);
-}
-
 /* Move @idx[0..n) (behind, local) back to their kept copies, with no copy;
  * returns how many moved. */
 static uint32_t policy_drop_kept(ema_win_h win, ema__win_policy_t *pol, uint32_t *idx,
@@ -316,20 +311,19 @@ static uint32_t policy_drop_kept(ema_win_h win, ema__win_policy_t *pol, uint32_t
     ema__mem_arena_t *sp = ctx->tier[EMA_TIER_SPILL];
     ema__loc_t *loc = malloc((n ? n : 1) * sizeof(*loc));
     int64_t *hdl    = malloc((n ? n : 1) * sizeof(*hdl));
-    uint32_t moved  = 0, *copy = malloc((n ? n : 1) * sizeof(*copy));
+    uint32_t moved  = 0;
 
-    if (loc == NULL || hdl == NULL || copy == NULL) {
+    if (loc == NULL || hdl == NULL) {
         goto out;
     }
     /* ema__win_move sorts idx and takes the targets in that order: here
      * each target belongs to its segment, so sort first */
-    qsort(idx, n, sizeof(*idx), policy_cmp_u32);
+    qsort(idx, n, sizeof(*idx), ema__cmp_u32);
     for (uint32_t i = 0; i < n; i++) {
         loc[i]  = pol->kept[idx[i]];
         hdl[i]  = (sp != NULL && sp->ops->seg_handle != NULL)
                       ? sp->ops->seg_handle(sp, EMA_LOC_SEG(loc[i]))
                       : 0;
-        copy[i] = idx[i];
         /* the kept memory goes back into the window: no longer a copy */
         pol->has[idx[i]] = 0;
     }
@@ -340,8 +334,16 @@ static uint32_t policy_drop_kept(ema_win_h win, ema__win_policy_t *pol, uint32_t
 out:
     free(loc);
     free(hdl);
-    free(copy);
     return moved;
+}
+
+/* Free local memory for the ahead segments not yet given any (@got of
+ * @p->nahead have some in @loc/@hdl); returns how many have some now. */
+static uint32_t policy_take_local(ema__win_ctx_t *ctx, const policy_plan_t *p, uint32_t got,
+                                  ema__loc_t *loc, int64_t *hdl)
+{
+    return got + ctx->mem_ops->acquire(ctx->mem_arg, p->nahead - got, -1, EMA_WIN_FROM_LOCAL,
+                                       loc + got, hdl + got);
 }
 
 /* Steps 4 and 5 on a plan made under the lock still held. */
@@ -359,7 +361,7 @@ static void policy_execute(ema_win_h win, policy_plan_t *p) EMA_REQUIRES(win->lo
         ema_error("out of memory running window %u's prefetch policy", win->id);
         goto out;
     }
-    got = ctx->mem_ops->acquire(ctx->mem_arg, p->nahead, -1, EMA_WIN_FROM_LOCAL, loc, hdl);
+    got = policy_take_local(ctx, p, 0, loc, hdl);
     uint32_t out = policy_short(p, got);
     ema__win_policy_t *pol = win->policy;
     if (out > 0 && (pol->flags & EMA_WIN_POLICY_FLAG_READ_ONLY)) {
@@ -383,11 +385,11 @@ static void policy_execute(ema_win_h win, policy_plan_t *p) EMA_REQUIRES(win->lo
             atomic_fetch_add(&win->policy_ctr[EMA_WIN_POLICY_CTR_DROPPED],
                              (uint64_t)moved * ctx->seg_size);
             if (moved > 0) {
-                got += ctx->mem_ops->acquire(ctx->mem_arg, p->nahead - got, -1,
-                                             EMA_WIN_FROM_LOCAL, loc + got, hdl + got);
+                got = policy_take_local(ctx, p, got, loc, hdl);
             }
             free(kidx);
-            out = policy_short(p, got) < nu ? policy_short(p, got) : nu;
+            out = policy_short(p, got);
+            out = (out < nu) ? out : nu;
         }
     }
     if (out > 0) {
@@ -403,9 +405,7 @@ static void policy_execute(ema_win_h win, policy_plan_t *p) EMA_REQUIRES(win->lo
         atomic_fetch_add(&win->policy_ctr[EMA_WIN_POLICY_CTR_EVICTED],
                          (uint64_t)moved * ctx->seg_size);
         if (moved > 0) {
-            /* what moved out freed local memory */
-            got += ctx->mem_ops->acquire(ctx->mem_arg, p->nahead - got, -1, EMA_WIN_FROM_LOCAL,
-                                         loc + got, hdl + got);
+            got = policy_take_local(ctx, p, got, loc, hdl); /* what moved out freed some */
         }
     }
     if (got > 0) {

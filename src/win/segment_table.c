@@ -121,6 +121,28 @@ typedef struct {
     void    *scratch;
 } ema_win_move_run_t;
 
+/* Split a batch into runs: consecutive window segments whose new memory is
+ * consecutive segments of one rank, mappable with one map_many (our own
+ * segments whatever their handles, a peer's while they share one). */
+static uint32_t ema_win_move_runs(const ema__win_ctx_t *ctx, const uint32_t *idx,
+                                  const ema__loc_t *loc, const int64_t *hdl, uint32_t n,
+                                  ema_win_move_run_t *runs)
+{
+    uint32_t nruns = 0;
+    for (uint32_t i = 0; i < n;) {
+        uint32_t j = i + 1;
+        while (j < n && idx[j] == idx[j - 1] + 1 && loc[j] == loc[j - 1] + 1 &&
+               (hdl[j] == hdl[i] || EMA_LOC_RANK(loc[i]) == ctx->rank)) {
+            j++;
+        }
+        runs[nruns].first = i;
+        runs[nruns].count = j - i;
+        nruns++;
+        i = j;
+    }
+    return nruns;
+}
+
 /* Where memory @l can be read or written other than through a window:
  * this rank's own tiers are mapped whole at their base; a peer's GPU
  * memory in its mirror (cuda).  NULL: nowhere else. */
@@ -301,18 +323,7 @@ ema_status_t ema__win_seg_move_batch(ema_win_h win, const uint32_t *idx, const e
         ready  = 0;
         goto out;
     }
-    for (i = 0; i < n;) {
-        uint32_t j = i + 1;
-        /* our own segments map as one run whatever their handles */
-        while (j < n && idx[j] == idx[j - 1] + 1 && loc[j] == loc[j - 1] + 1 &&
-               (hdl[j] == hdl[i] || EMA_LOC_RANK(loc[i]) == ctx->rank)) {
-            j++;
-        }
-        runs[nruns].first = i;
-        runs[nruns].count = j - i;
-        nruns++;
-        i = j;
-    }
+    nruns = ema_win_move_runs(ctx, idx, loc, hdl, n, runs);
 
     /* 1. where each run's new memory can be written; runs [0, ready) have
      * a destination: those move, and setup says why the rest could not */
@@ -511,25 +522,24 @@ ema_status_t ema__win_seg_remap_batch(ema_win_h win, const uint32_t *idx, const 
                                       const int64_t *hdl, uint32_t n, uint32_t *ok_p)
 {
     EMA_WIN_ASSERT_LOCKED(win);
+    ema_win_move_run_t *runs = calloc(n ? n : 1, sizeof(*runs));
     ema_status_t status = EMA_SUCCESS;
     double t_unmap = 0, t_map = 0;
 
     *ok_p = 0;
-    for (uint32_t i = 0; i < n && status == EMA_SUCCESS;) {
-        uint32_t j = i + 1;
-        while (j < n && idx[j] == idx[j - 1] + 1 && loc[j] == loc[j - 1] + 1 &&
-               (hdl[j] == hdl[i] || EMA_LOC_RANK(loc[i]) == win->ctx->rank)) {
-            j++;
-        }
-        status = ema_win_remap_range(win, idx, loc, hdl, i, j - i, &t_unmap, &t_map);
-        if (status == EMA_SUCCESS) {
-            *ok_p += j - i;
-            win->stats.migrations += j - i;
-        }
-        i = j;
+    if (runs == NULL) {
+        return EMA_ERR_NO_MEMORY;
     }
-    ema_debug("window %u: remapped %u of %u segments with no copy: unmap %.0f us, map %.0f us",
-              win->id, *ok_p, n, t_unmap, t_map);
+    uint32_t nruns = ema_win_move_runs(win->ctx, idx, loc, hdl, n, runs);
+    for (uint32_t r = 0; r < nruns && status == EMA_SUCCESS; r++) {
+        status = ema_win_remap_range(win, idx, loc, hdl, runs[r].first, runs[r].count,
+                                     &t_unmap, &t_map);
+        if (status == EMA_SUCCESS) {
+            *ok_p += runs[r].count;
+            win->stats.migrations += runs[r].count;
+        }
+    }
+    free(runs);
     return status;
 }
 

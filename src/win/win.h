@@ -488,9 +488,11 @@ ema_status_t ema__win_seg_move_batch(ema_win_h win, const uint32_t *idx, const e
                                      const int64_t *hdl, uint32_t n, uint32_t *ok_p,
                                      ema__win_handover_fn handover, void *ho_arg)
     EMA_REQUIRES(win->lock);
-/* Remap segments idx[0..n) of the own part to @loc (with @hdl) with no
- * copy: one unmap (not on host) and one map_many per run.  *@ok_p counts
- * those remapped, from the first. */
+/* Map segments idx[0..n) of the own part at @loc (with @hdl) in place of
+ * their memory, with no copy: per run, one map_many, after an unmap where
+ * the kind cannot map over a mapping (cuda; on host one MAP_FIXED mmap
+ * replaces it).  Behind every move of the host kind's direct path and the
+ * no-copy moves.  *@ok_p counts those remapped, from the first. */
 ema_status_t ema__win_seg_remap_batch(ema_win_h win, const uint32_t *idx, const ema__loc_t *loc,
                                       const int64_t *hdl, uint32_t n, uint32_t *ok_p)
     EMA_REQUIRES(win->lock);

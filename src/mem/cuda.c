@@ -752,7 +752,7 @@ const ema__mem_ops_t ema__mem_cuda_ops = {
     /* EMA_SEGMENT_SIZE=auto on cuda.  bench/vmm_costs on an H200: a
      * segment's remap costs about 46 us per mapping (cuMemUnmap 17-25 us,
      * cuMemMap 1.4 us, cuMemSetAccess 25-47 us) whatever its size, and
-     * inside EMA about 85 us, while a copy moves 128 MiB in 65 us.  A
+     * inside EMA 80-110 us (debug log), while a copy moves 128 MiB in 65 us.  A
      * migration remaps while it copies (segment_table.c), so it runs at the
      * copy's speed once the remaps of a GiB take less than its copy: with
      * 128 MiB segments they took 650-780 us against a 520 us copy, with

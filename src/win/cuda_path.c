@@ -210,23 +210,6 @@ static ema_status_t cpath_map(ema__win_ctx_t *ctx, int rank, uint32_t seg)
     return status;
 }
 
-char *ema__win_cpath_addr(ema__win_ctx_t *ctx, int rank, uint64_t raddr)
-{
-    ema__win_cpath_t *cp = &ctx->cpath;
-    uint64_t off = raddr - ctx->mr[EMA_TIER_DEVICE].bases[rank];
-    uint64_t seg = off / ctx->seg_size;
-
-    if (cp->mirror == NULL || cp->mirror[rank] == NULL || seg >= cp->nh[rank]) {
-        ema_error("rank %d's segment %llu has no mirror here", rank, (unsigned long long)seg);
-        return NULL;
-    }
-    if (!atomic_load_explicit(&cp->mapped[rank][seg], memory_order_acquire) &&
-        cpath_map(ctx, rank, (uint32_t)seg) != EMA_SUCCESS) {
-        return NULL;
-    }
-    return cp->mirror[rank] + off;
-}
-
 char *ema__win_cpath_seg(ema__win_ctx_t *ctx, int rank, uint32_t seg)
 {
     ema__win_cpath_t *cp = &ctx->cpath;
@@ -240,6 +223,20 @@ char *ema__win_cpath_seg(ema__win_ctx_t *ctx, int rank, uint32_t seg)
         return NULL;
     }
     return cp->mirror[rank] + (size_t)seg * ctx->seg_size;
+}
+
+char *ema__win_cpath_addr(ema__win_ctx_t *ctx, int rank, uint64_t raddr)
+{
+    uint64_t off = raddr - ctx->mr[EMA_TIER_DEVICE].bases[rank];
+    uint64_t seg = off / ctx->seg_size;
+    char *p = (seg <= UINT32_MAX) ? ema__win_cpath_seg(ctx, rank, (uint32_t)seg) : NULL;
+
+    if (p == NULL) {
+        ema_error("rank %d's segment %llu cannot be reached through a mirror here", rank,
+                  (unsigned long long)seg);
+        return NULL;
+    }
+    return p + off % ctx->seg_size;
 }
 
 static void cpath_noop_cb(void *request, ucs_status_t status, void *user_data)

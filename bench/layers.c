@@ -58,6 +58,7 @@ static int      passes  = 5;
 static int      reads   = 1; /* --reads: kernel passes over each layer's slice */
 static int      ops[MAX_OPS], nops;
 static uint64_t mismatches;
+static double   acquire_ms; /* time spent in ema_win_acquire (waiting for a move) */
 static volatile double sink;
 
 static double now_ms(void)
@@ -112,7 +113,9 @@ static double pass(ema_win_h win, char *base, int k, int policy)
             CHECK(ema_win_advance(win, l));
         }
         /* the layer is held while it is computed: no migration moves it */
+        double ta = now_ms();
         CHECK(ema_win_acquire(win, off, layer_bytes));
+        acquire_ms += now_ms() - ta;
         for (int r = 0; r < reads; r++) { /* data reuse: a GEMM's tiles, say */
             if (cuda) {
                 if (layers_gpu_layer(base, off, layer_bytes, k, &mismatches) != 0) {
@@ -295,22 +298,24 @@ int main(int argc, char **argv)
         const char *tier = ws.bytes_borrowed ? "borrowed" : "spilled";
         fprintf(out, "kind,away,layers,layer_bytes,depth,ops_per_word,flop_per_byte,local_ms,"
                 "none_ms,policy_ms,ratio_none,ratio_policy,policy_moved_mb_per_pass,"
-                "mismatches,reads\n");
+                "mismatches,reads,policy_acquire_ms\n");
         for (int i = 0; i < nops; i++) {
             set_policy(we, 0);
             double t_none = median_pass(we, be, ops[i], 0);
             set_policy(we, 1);
             ema_win_policy_stat_t p0, p1;
             CHECK(ema_win_policy_stat(we, &p0));
+            acquire_ms   = 0;
             double t_pol = median_pass(we, be, ops[i], 1);
+            double t_acq = acquire_ms / (passes + 1);
             CHECK(ema_win_policy_stat(we, &p1));
             double moved = (double)(p1.bytes_prefetched - p0.bytes_prefetched +
                                     p1.bytes_evicted - p0.bytes_evicted) /
                            (1 << 20) / (passes + 1);
-            fprintf(out, "%s,%s,%zu,%zu,%u,%d,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%.1f,%" PRIu64 ",%d\n",
+            fprintf(out, "%s,%s,%zu,%zu,%u,%d,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%.1f,%" PRIu64 ",%d,%.3f\n",
                     cuda ? "cuda" : "host", tier, nlayers, layer_bytes, depth, ops[i],
                     2.0 * reads * ops[i] / 8, t_local[i], t_none, t_pol, t_local[i] / t_none,
-                    t_local[i] / t_pol, moved, mismatches, reads);
+                    t_local[i] / t_pol, moved, mismatches, reads, t_acq);
             fflush(out);
         }
         set_policy(we, 0);

@@ -7,6 +7,8 @@
  */
 #include "win.h"
 
+#include "util/clock.h"
+
 #include "util/log.h"
 #include "util/state.h"
 
@@ -352,6 +354,7 @@ EMA_EXPORT ema_status_t ema_win_release(ema_win_h win, size_t offset, size_t len
 typedef struct {
     ema_win_h    win;
     uint32_t     first, last; /* segments of the own part */
+    double       t_call;      /* when ema_win_prefetch queued it (us) */
 } ema_win_prefetch_t;
 
 /* On the progress engine; held segments are skipped, not waited for: a
@@ -362,7 +365,10 @@ static void ema_win_prefetch_job(void *arg)
     ema__win_ctx_t *ctx     = job->win->ctx;
 
     EMA_WIN_ASSERT_NONE_LOCKED(); /* a long job: run where no EMA lock is held */
+    double t0 = ema__now_us();
     ema_win_bring_home(job->win, job->first, job->last);
+    ema_debug("window %u: prefetch job started %.0f us after the call, ran %.0f us",
+              job->win->id, t0 - job->t_call, ema__now_us() - t0);
     ctx->mem_ops->changed(ctx->mem_arg, EMA_WIN_CHANGED_MEMORY);
     atomic_fetch_sub(&job->win->prefetching, 1);
     free(job);
@@ -389,6 +395,7 @@ EMA_EXPORT ema_status_t ema_win_prefetch(ema_win_h win, size_t offset, size_t le
     job->win   = win;
     job->first = (uint32_t)(offset / seg);
     job->last  = (uint32_t)((offset + len - 1) / seg);
+    job->t_call = ema__now_us();
     atomic_fetch_add(&win->prefetching, 1);
     ema__xport_defer(win->ctx->xp, EMA_JOB_LONG, ema_win_prefetch_job, job);
     return EMA_SUCCESS;

@@ -147,6 +147,7 @@ ema_status_t ema__win_move(ema_win_h win, uint32_t *idx, uint32_t n, int exclude
         }
     }
 
+    double tinv = ema__now_us();
     for (;;) {
         /* 1. drop the segments that moved, went away or are held */
         for (i = 0, k = 0; i < n; i++) {
@@ -191,6 +192,7 @@ ema_status_t ema__win_move(ema_win_h win, uint32_t *idx, uint32_t n, int exclude
     uint32_t ok = 0;
     ema_win_handover_t ho = {win, idx, old, loc, first, count, nruns, 0};
     double tm0 = ema__now_us(), tm_copy = 0;
+    tinv = tm0 - tinv;
     if (flags & EMA_WIN_MOVE_NO_COPY) {
         /* the targets hold the data already: remap only */
         status = ema__win_seg_remap_batch(win, idx, loc, hdl, n, &ok);
@@ -265,8 +267,9 @@ ema_status_t ema__win_move(ema_win_h win, uint32_t *idx, uint32_t n, int exclude
         ctx->mem_ops->release(ctx->mem_arg, loc + ok, n - ok);
     }
     atomic_fetch_add(&ctx->bytes_migrated, (uint64_t)ok * seg);
-    ema_debug("moved %u segments of window %u: copy %.0f us, remap %.0f us, update %.0f us, "
-              "give back %.0f us", ok, win->id, tm_copy ? tm_copy - tm0 : tm1 - tm0,
+    ema_debug("moved %u segments of window %u: invalidate %.0f us, copy %.0f us, remap %.0f us, "
+              "update %.0f us, give back %.0f us", ok, win->id, tinv,
+              tm_copy ? tm_copy - tm0 : tm1 - tm0,
               tm_copy ? tm1 - tm_copy : 0, tm2 - tm1, ema__now_us() - tm2);
 out:
     free(old);

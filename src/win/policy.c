@@ -28,10 +28,12 @@
  */
 #include "win.h"
 
+#include "util/clock.h"
 #include "util/log.h"
 #include "util/sort.h"
 #include "util/state.h"
 
+#include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -431,6 +433,8 @@ static void policy_job(void *arg)
     memset(&p, 0, sizeof(p));
 
     EMA_WIN_ASSERT_NONE_LOCKED(); /* a long job; the reclaim callback */
+    double t0 = ema__now_us();
+    double tq = (double)atomic_load(&win->policy_t_queued) * 1e-3;
     atomic_store(&win->policy_queued, 0); /* an advance from now on queues another run */
     if (policy_yield(ctx)) {
         atomic_fetch_add(&win->policy_ctr[EMA_WIN_POLICY_CTR_DEFERRED], 1);
@@ -498,6 +502,9 @@ static void policy_job(void *arg)
     if (p.nahead > 0) {
         ctx->mem_ops->changed(ctx->mem_arg, EMA_WIN_CHANGED_MEMORY);
     }
+    ema_debug("window %u: policy run at group %" PRIu64 ": started %.0f us after queued, "
+              "ran %.0f us, %u segments ahead, %u behind", win->id, pos, t0 - tq,
+              ema__now_us() - t0, p.nahead, p.nbehind);
 done:
     free(p.groups);
     free(p.mark);
@@ -510,6 +517,7 @@ done:
 static void policy_queue(ema_win_h win)
 {
     if (atomic_exchange(&win->policy_queued, 1) == 0) {
+        atomic_store(&win->policy_t_queued, (uint64_t)(ema__now_us() * 1e3));
         atomic_fetch_add(&win->prefetching, 1); /* ema_win_free waits for it */
         ema__xport_defer_ref(win->ctx->xp, EMA_JOB_LONG, policy_job, win);
     }

@@ -272,6 +272,7 @@ struct ema_win {
     _Atomic uint64_t policy_gc;     /* generation << 32 | group count (0: none) */
     _Atomic uint64_t policy_pos;    /* generation << 32 | group + 1 (0: not started) */
     atomic_int       policy_queued; /* a policy job is queued and not started */
+    _Atomic uint64_t policy_t_queued; /* when it was queued (ns, ema__now_us), for the log */
     _Atomic uint64_t policy_ctr[6]; /* EMA_WIN_POLICY_CTR_* */
 };
 

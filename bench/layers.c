@@ -181,6 +181,7 @@ static void usage(void)
     fprintf(stderr,
             "usage: mpirun -n 2 bench/layers [--layers N] [--layer-bytes B] [--ops LIST]\n"
             "                                [--depth D] [--passes P] [--reads R] [--read-only]\n"
+            "                                [--wait]\n"
             "                                [--csv FILE]\n"
             "  rank 0 walks N layers (32) of B bytes, each checked word by word and put\n"
             "  through LIST (0,1,4,16,64) multiply-adds per 8-byte word, over a window\n"
@@ -190,7 +191,9 @@ static void usage(void)
             "  --reads R: each layer reads its slice R times (1), as a kernel that\n"
             "  reuses its data does.  --read-only: the policy with\n"
             "  EMA_WIN_POLICY_FLAG_READ_ONLY (the walk only reads: layers leave for\n"
-            "  their kept spill copies with no copy).\n"
+            "  their kept spill copies with no copy).  --wait: with\n"
+            "  EMA_WIN_POLICY_FLAG_WAIT (ema_win_advance waits for the layer to be\n"
+            "  local instead of the kernel reading it where it is).\n"
             "  Memory: EMA_DEVICE_MEMORY must hold the whole window (N*B) on rank 0.\n");
     exit(2);
 }
@@ -213,6 +216,8 @@ int main(int argc, char **argv)
             reads = atoi(argv[++i]);
         } else if (strcmp(argv[i], "--read-only") == 0) {
             pflags |= EMA_WIN_POLICY_FLAG_READ_ONLY;
+        } else if (strcmp(argv[i], "--wait") == 0) {
+            pflags |= EMA_WIN_POLICY_FLAG_WAIT;
         } else if (i + 1 < argc && strcmp(argv[i], "--csv") == 0) {
             csv = argv[++i];
         } else {
@@ -290,10 +295,11 @@ int main(int argc, char **argv)
         fill(be, total);
         CHECK(ema_win_stat(we, &ws));
         fprintf(stderr, "# layers: %s kind, %zu layers of %zu bytes, window %zu local + %zu "
-                "borrowed + %zu spilled, depth %u%s, %d read%s per layer, median of %d passes\n",
+                "borrowed + %zu spilled, depth %u%s%s, %d read%s per layer, median of %d passes\n",
                 cuda ? "cuda" : "host", nlayers, layer_bytes, ws.bytes_local,
                 ws.bytes_borrowed, ws.bytes_spilled, depth,
-                (pflags & EMA_WIN_POLICY_FLAG_READ_ONLY) ? ", read-only" : "", reads,
+                (pflags & EMA_WIN_POLICY_FLAG_READ_ONLY) ? ", read-only" : "",
+                (pflags & EMA_WIN_POLICY_FLAG_WAIT) ? ", wait" : "", reads,
                 reads > 1 ? "s" : "", passes);
         const char *tier = ws.bytes_borrowed ? "borrowed" : "spilled";
         fprintf(out, "kind,away,layers,layer_bytes,depth,ops_per_word,flop_per_byte,local_ms,"

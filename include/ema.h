@@ -402,7 +402,15 @@ enum {
      *  a group (a kernel, ema_put, from any rank) may be lost at its next
      *  eviction.  The kept copies count against EMA_SPILL_SIZE until the
      *  policy is replaced or removed, or the window shrinks past them. */
-    EMA_WIN_POLICY_FLAG_READ_ONLY = 1u << 2
+    EMA_WIN_POLICY_FLAG_READ_ONLY = 1u << 2,
+    /** ema_win_advance(win, g) makes group g itself local first and
+     *  returns once it is, or once the policy's run for g ended without it
+     *  (held, no room, or deferred for a lender's reclaim): compute that
+     *  reads a group several times (a GEMM's tiles, say) then waits for one
+     *  transfer instead of reading remote memory at every pass.  Without
+     *  it ema_win_advance never waits, and a group the policy has not
+     *  brought yet is read where it is. */
+    EMA_WIN_POLICY_FLAG_WAIT = 1u << 3
 };
 
 /**
@@ -435,10 +443,12 @@ EMA_EXPORT ema_status_t ema_win_set_policy(ema_win_h win, const ema_win_policy_p
 
 /**
  * Report that the application now works on group @a group of the policy
- * (0..count-1; any order).  Never waits: it records the position with
- * atomics and, if the policy's job is not queued already, queues it (a
- * short insert under the job queue's mutex and a wake-up of the progress
- * engine).
+ * (0..count-1; any order).  It records the position with atomics and, if
+ * the policy's job is not queued already, queues it (a short insert under
+ * the job queue's mutex and a wake-up of the progress engine).  Never
+ * waits, but with EMA_WIN_POLICY_FLAG_WAIT: then it returns once group
+ * @a group is local or the policy's run for it is over (and runs the job
+ * itself where no progress thread does).
  * EMA_ERR_STATE when the window has no policy.
  */
 EMA_EXPORT ema_status_t ema_win_advance(ema_win_h win, size_t group);

@@ -56,7 +56,7 @@ typedef struct ema__win_policy {
                                EMA_WIN_POLICY_PARAM_FIELD_DEPTH |  \
                                EMA_WIN_POLICY_PARAM_FIELD_FLAGS)
 #define EMA_WIN_POLICY_FLAGS  (EMA_WIN_POLICY_FLAG_CYCLIC | EMA_WIN_POLICY_FLAG_NO_EVICT | \
-                               EMA_WIN_POLICY_FLAG_READ_ONLY)
+                               EMA_WIN_POLICY_FLAG_READ_ONLY | EMA_WIN_POLICY_FLAG_WAIT)
 
 /* Per-segment marks of a plan. */
 enum {
@@ -67,18 +67,22 @@ enum {
 /* --- the walk ------------------------------------------------------------- */
 
 /* The groups to keep local after position @pos (0: before group 0, else
- * group pos-1 is current), nearest first; returns how many, in @g. */
+ * group pos-1 is current), nearest first, after the current one itself
+ * with EMA_WIN_POLICY_FLAG_WAIT; returns how many (at most count), in @g. */
 static uint32_t policy_ahead(const ema__win_policy_t *pol, uint64_t pos, uint32_t *g)
 {
     uint32_t n = 0, next = (uint32_t)pos; /* the group after the current one */
     uint32_t lim = pol->depth;
 
+    if (pos > 0 && (pol->flags & EMA_WIN_POLICY_FLAG_WAIT)) {
+        g[n++] = (uint32_t)(pos - 1); /* the application waits for it: first */
+    }
     if (pol->flags & EMA_WIN_POLICY_FLAG_CYCLIC) {
         /* at most every group but the current one */
         uint32_t others = pol->count - (pos > 0 ? 1 : 0);
         lim = (lim < others) ? lim : others;
     }
-    for (uint32_t k = 0; k < lim; k++) {
+    for (uint32_t k = 0; k < lim && n < pol->count; k++) {
         uint64_t x = (uint64_t)next + k;
         if (x >= pol->count) {
             if (!(pol->flags & EMA_WIN_POLICY_FLAG_CYCLIC)) {
@@ -132,6 +136,8 @@ typedef struct {
     uint32_t *ahead;   /* away segments of the groups ahead, nearest first */
     uint32_t *behind;  /* local segments behind, used again last first */
     uint32_t  nahead, nbehind, nheld, nsegs;
+    uint32_t  ncur;    /* of ahead, the first ncur are the current group's (WAIT) */
+    uint64_t  word;    /* the position word planned for (policy_pos) */
 } policy_plan_t;
 
 /* Fill @p for @pol at @pos; with @only_notified, only segments marked
@@ -147,12 +153,15 @@ static void policy_plan(ema_win_h win, const ema__win_policy_t *pol, uint64_t po
         ns = p->nsegs; /* grown since the scratch was sized: not planned now */
     }
 
-    p->nahead = p->nbehind = p->nheld = 0;
+    p->nahead = p->nbehind = p->nheld = p->ncur = 0;
     for (uint32_t i = 0; i < ns; i++) {
         p->mark[i] &= MARK_NOTIFIED;
     }
-    /* the current group is neither brought nor evicted: the application is on it */
-    if (pos > 0 && policy_segs(&pol->ranges[pos - 1], ctx->seg_size, ns, &first, &last)) {
+    /* the current group is never evicted, nor brought but with FLAG_WAIT
+     * (policy_ahead lists it first then): the application is on it */
+    int wait = (pol->flags & EMA_WIN_POLICY_FLAG_WAIT) != 0;
+    if (pos > 0 && !wait &&
+        policy_segs(&pol->ranges[pos - 1], ctx->seg_size, ns, &first, &last)) {
         for (uint32_t i = first; i <= last; i++) {
             p->mark[i] |= MARK_SEEN;
         }
@@ -174,6 +183,9 @@ static void policy_plan(ema_win_h win, const ema__win_policy_t *pol, uint64_t po
             } else if (!only_notified || (p->mark[i] & MARK_NOTIFIED)) {
                 p->ahead[p->nahead++] = i;
             }
+        }
+        if (k == 0 && wait && pos > 0) {
+            p->ncur = p->nahead;
         }
     }
     if (pol->flags & EMA_WIN_POLICY_FLAG_NO_EVICT) {
@@ -411,12 +423,21 @@ static void policy_execute(ema_win_h win, policy_plan_t *p) EMA_REQUIRES(win->lo
         }
     }
     if (got > 0) {
-        uint32_t moved = policy_move(win, p->ahead, got, loc, hdl, old,
-                                     (pol->flags & EMA_WIN_POLICY_FLAG_READ_ONLY)
-                                         ? EMA_WIN_MOVE_KEEP_SPILL : 0);
+        /* with FLAG_WAIT the current group moves alone first, and its
+         * waiter is told (policy_job's word) before the groups ahead move */
+        unsigned mf  = (pol->flags & EMA_WIN_POLICY_FLAG_READ_ONLY) ? EMA_WIN_MOVE_KEEP_SPILL : 0;
+        uint32_t cur = (p->ncur < got) ? p->ncur : got, moved = 0;
+        if (cur > 0) {
+            moved = policy_move(win, p->ahead, cur, loc, hdl, old, mf);
+        }
+        atomic_store(&win->policy_cur_done, p->word);
+        if (got > cur) {
+            moved += policy_move(win, p->ahead + cur, got - cur, loc + cur, hdl + cur, old, mf);
+        }
         atomic_fetch_add(&win->policy_ctr[EMA_WIN_POLICY_CTR_PREFETCHED],
                          (uint64_t)moved * ctx->seg_size);
-        ema_debug("window %u: policy brought %u of %u segments home", win->id, moved, got);
+        ema_debug("window %u: policy brought %u of %u segments home (%u of the current group)",
+                  win->id, moved, got, cur);
     }
 out:
     free(loc);
@@ -436,6 +457,10 @@ static void policy_job(void *arg)
     double t0 = ema__now_us();
     double tq = (double)atomic_load(&win->policy_t_queued) * 1e-3;
     atomic_store(&win->policy_queued, 0); /* an advance from now on queues another run */
+    /* The position this run starts from: an advance that waits (FLAG_WAIT)
+     * waits for a run that started from its own position to be done with
+     * the current group, or to end. */
+    p.word = atomic_load(&win->policy_pos);
     if (policy_yield(ctx)) {
         atomic_fetch_add(&win->policy_ctr[EMA_WIN_POLICY_CTR_DEFERRED], 1);
         goto done;
@@ -447,7 +472,7 @@ static void policy_job(void *arg)
         goto done;
     }
     atomic_fetch_add(&win->policy_ctr[EMA_WIN_POLICY_CTR_RUNS], 1);
-    uint64_t pw  = atomic_load(&win->policy_pos);
+    uint64_t pw  = p.word;
     uint64_t pos = ((uint32_t)(pw >> 32) == pol->gen) ? (uint32_t)pw : 0;
     uint32_t gen = pol->gen;
     p.nsegs  = atomic_load(&win->parts[ctx->rank].nsegs);
@@ -489,6 +514,7 @@ static void policy_job(void *arg)
         }
         pw  = atomic_load(&win->policy_pos);
         pos = ((uint32_t)(pw >> 32) == pol->gen) ? (uint32_t)pw : 0;
+        p.word = pw;
         policy_plan(win, pol, pos, &p, 1);
     } else {
         p.nahead = in; /* moves only what was counted above */
@@ -506,6 +532,7 @@ static void policy_job(void *arg)
               "ran %.0f us, %u segments ahead, %u behind", win->id, pos, t0 - tq,
               ema__now_us() - t0, p.nahead, p.nbehind);
 done:
+    atomic_store(&win->policy_cur_done, p.word); /* also where nothing moved */
     free(p.groups);
     free(p.mark);
     free(p.ahead);
@@ -654,6 +681,7 @@ EMA_EXPORT ema_status_t ema_win_set_policy(ema_win_h win, const ema_win_policy_p
     /* the position first: an advance that sees the new count writes the
      * new generation's position */
     atomic_store(&win->policy_pos, (uint64_t)gen << 32);
+    atomic_store(&win->policy_flags, pol ? pol->flags : 0);
     atomic_store(&win->policy_gc, ((uint64_t)gen << 32) | (pol ? pol->count : 0));
     if (pol != NULL) {
         policy_queue(win); /* groups 0..depth-1 come first */
@@ -661,6 +689,19 @@ EMA_EXPORT ema_status_t ema_win_set_policy(ema_win_h win, const ema_win_policy_p
     ema__win_unlock(win);
     policy_free(old);
     return EMA_SUCCESS;
+}
+
+typedef struct {
+    ema_win_h win;
+    uint64_t  word; /* the position advanced to */
+} policy_wait_t;
+
+static int policy_advanced(void *arg)
+{
+    const policy_wait_t *w = arg;
+    return atomic_load(&w->win->policy_cur_done) == w->word ||
+           atomic_load(&w->win->policy_pos) != w->word ||
+           (atomic_load(&w->win->policy_gc) >> 32) != (w->word >> 32);
 }
 
 EMA_EXPORT ema_status_t ema_win_advance(ema_win_h win, size_t group)
@@ -676,9 +717,19 @@ EMA_EXPORT ema_status_t ema_win_advance(ema_win_h win, size_t group)
     if (group >= (uint32_t)gc) {
         return EMA_ERR_INVALID_PARAM;
     }
-    atomic_store(&win->policy_pos, (gc & ~0xffffffffull) | (group + 1));
+    uint64_t word = (gc & ~0xffffffffull) | (group + 1);
+    atomic_store(&win->policy_pos, word);
     policy_queue(win);
-    return EMA_SUCCESS;
+    if (!(atomic_load(&win->policy_flags) & EMA_WIN_POLICY_FLAG_WAIT)) {
+        return EMA_SUCCESS;
+    }
+    /* FLAG_WAIT: until a run from this position is done with the group (or
+     * the walk moved on, or the policy changed).  A long wait: where no
+     * progress thread runs the job, this thread does. */
+    EMA_WIN_ASSERT_UNLOCKED(win);
+    policy_wait_t w = {win, word};
+    return ema__xport_wait_until(win->ctx->xp, EMA_WAIT_LONG, 0,
+                                 policy_advanced, &w);
 }
 
 EMA_EXPORT ema_status_t ema_win_policy_stat(ema_win_h win, ema_win_policy_stat_t *stat_p)

@@ -273,6 +273,9 @@ struct ema_win {
     _Atomic uint64_t policy_pos;    /* generation << 32 | group + 1 (0: not started) */
     atomic_int       policy_queued; /* a policy job is queued and not started */
     _Atomic uint64_t policy_t_queued; /* when it was queued (ns, ema__now_us), for the log */
+    atomic_uint      policy_flags;  /* the policy's flags (ema_win_advance's WAIT) */
+    _Atomic uint64_t policy_cur_done; /* the position of the last run whose current
+                                         group's move is over (FLAG_WAIT) */
     _Atomic uint64_t policy_ctr[6]; /* EMA_WIN_POLICY_CTR_* */
 };
 

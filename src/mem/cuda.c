@@ -11,7 +11,8 @@
  *      -> fd, kept open                4. pidfd_getfd(lender pid, fd)
  *                                      5. cuMemImportFromShareableHandle
  *                                      6. cuMemMap + cuMemSetAccess at the
- *                                         window address, close, release
+ *                                         window address (the import is
+ *                                         kept: cuda_import)
  *
  * The driver is never linked: libcuda.so.1 is opened on first use and every
  * entry point is resolved through cuGetProcAddress, so a CUDA build runs on
@@ -57,7 +58,18 @@ typedef struct {
     uint32_t                      ncreated; /* segments with a handle, mapped at base */
     CUmemGenericAllocationHandle *handles;
     int                          *fds;      /* exported POSIX fds, -1 if none */
+    /* Peers' segments imported so far, each kept until destroy (see
+     * cuda_import): [nimports] of [cap_imports], under import_lock. */
+    struct cuda_import           *imports;
+    uint32_t                      nimports, cap_imports;
+    pthread_mutex_t               import_lock;
 } ema_cuda_arena_t;
+
+typedef struct cuda_import {
+    int32_t                      pid;    /* the peer */
+    int64_t                      handle; /* its exported fd */
+    CUmemGenericAllocationHandle h;      /* ours */
+} cuda_import_t;
 
 static ema_status_t cuda_ctx_set(ema_cuda_arena_t *ca)
 {
@@ -204,6 +216,12 @@ static void cuda_arena_destroy(ema__mem_arena_t *arena)
     if (ca->ctx != NULL) {
         ema__cu.cuDevicePrimaryCtxRelease(ca->dev);
     }
+    /* Peers' segments: the memory lives on while a mapping of ours does */
+    for (uint32_t i = 0; i < ca->nimports; i++) {
+        ema__cu.cuMemRelease(ca->imports[i].h);
+    }
+    free(ca->imports);
+    pthread_mutex_destroy(&ca->import_lock);
     free(ca->handles);
     free(ca->fds);
     free(ca);
@@ -312,6 +330,7 @@ static ema_status_t cuda_arena_create(ema__mem_arena_t *arena)
     }
     arena->priv = ca;
     arena->fd   = -1;
+    pthread_mutex_init(&ca->import_lock, NULL);
     ca->nsegs   = (uint32_t)(arena->capacity / arena->seg_size);
     ca->handles = calloc(ca->nsegs, sizeof(*ca->handles));
     ca->fds     = malloc(sizeof(*ca->fds) * ca->nsegs);
@@ -493,14 +512,64 @@ static ema_status_t cuda_peer_fd(int32_t pid, int64_t handle, int *fd_p)
     return EMA_SUCCESS;
 }
 
+/*
+ * Peer @pid's segment exported as fd @handle, as a handle of ours: imported
+ * on first use and kept until the arena is destroyed.  A window's mapping
+ * and the direct path's mirror then share one import, a later map of the
+ * same segment (a borrow again, a migration's remap) skips the fd and the
+ * import (about 0.75 ms, doc/performance.md), and an unmap never drops the
+ * last hold on an imported allocation, which made a migration's unmaps of
+ * borrowed segments about twice as dear as of our own.  The memory is the
+ * peer's arena, alive for the peer's life anyway: keeping the import costs
+ * no memory.
+ */
+static ema_status_t cuda_import(ema_cuda_arena_t *ca, int32_t pid, int64_t handle,
+                                CUmemGenericAllocationHandle *h_p)
+{
+    ema_status_t status = EMA_SUCCESS;
+    CUresult res;
+    int fd;
+
+    pthread_mutex_lock(&ca->import_lock);
+    for (uint32_t i = 0; i < ca->nimports; i++) {
+        if (ca->imports[i].pid == pid && ca->imports[i].handle == handle) {
+            *h_p = ca->imports[i].h;
+            goto out;
+        }
+    }
+    if (ca->nimports == ca->cap_imports) {
+        uint32_t cap = ca->cap_imports ? 2 * ca->cap_imports : 64;
+        cuda_import_t *n = realloc(ca->imports, cap * sizeof(*n));
+        if (n == NULL) {
+            status = EMA_ERR_NO_MEMORY;
+            goto out;
+        }
+        ca->imports     = n;
+        ca->cap_imports = cap;
+    }
+    status = cuda_peer_fd(pid, handle, &fd);
+    if (status != EMA_SUCCESS) {
+        goto out;
+    }
+    EMA_CU_CALL(res, cuMemImportFromShareableHandle, h_p, (void *)(uintptr_t)fd,
+                CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+    close(fd); /* the imported handle holds the memory */
+    if (res != CUDA_SUCCESS) {
+        status = ema__cu_status(res);
+        goto out;
+    }
+    ca->imports[ca->nimports++] = (cuda_import_t){pid, handle, *h_p};
+out:
+    pthread_mutex_unlock(&ca->import_lock);
+    return status;
+}
+
 static ema_status_t cuda_map(ema__mem_arena_t *arena, const ema__mem_export_t *exp,
                              uint32_t seg, int64_t handle, void *addr)
 {
     ema_cuda_arena_t *ca = arena->priv;
     CUmemGenericAllocationHandle h;
     ema_status_t status;
-    CUresult res;
-    int fd;
 
     status = cuda_ctx_set(ca);
     if (status != EMA_SUCCESS) {
@@ -521,19 +590,11 @@ static ema_status_t cuda_map(ema__mem_arena_t *arena, const ema__mem_export_t *e
                   (unsigned long)exp->seg_size, arena->seg_size);
         return EMA_ERR_INVALID_PARAM;
     }
-    status = cuda_peer_fd(exp->pid, handle, &fd);
+    status = cuda_import(ca, exp->pid, handle, &h);
     if (status != EMA_SUCCESS) {
         return status;
     }
-    EMA_CU_CALL(res, cuMemImportFromShareableHandle, &h, (void *)(uintptr_t)fd,
-                CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
-    close(fd); /* the imported handle holds the memory */
-    if (res != CUDA_SUCCESS) {
-        return ema__cu_status(res);
-    }
     status = cuda_map_handle(ca, addr, arena->seg_size, h);
-    /* The mapping keeps the memory alive; unmap frees our hold on it. */
-    ema__cu.cuMemRelease(h);
     if (status != EMA_SUCCESS) {
         ema_error("mapping segment %u of pid %d at %p failed", seg, (int)exp->pid, addr);
     }

@@ -34,6 +34,7 @@
 #include "util/state.h"
 
 #include <inttypes.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -521,6 +522,11 @@ static void policy_job(void *arg)
         p.nbehind = out;
     }
     atomic_fetch_add(&win->policy_ctr[EMA_WIN_POLICY_CTR_SKIPPED], p.nheld);
+    if (p.ncur == 0) {
+        /* the current group stays where it is: its waiter goes on now,
+         * not after this run's evictions and moves */
+        atomic_store(&win->policy_cur_done, p.word);
+    }
     if (p.nahead > 0) {
         policy_execute(win, &p);
     }
@@ -571,6 +577,56 @@ void ema__win_recall_end(ema__win_ctx_t *ctx)
         }
         ema__win_unlock(win);
     }
+}
+
+/* Whether group @word's segments are all in this rank's own memory and
+ * not moving (FLAG_WAIT; lock-free: the span array of the policy). */
+static int policy_group_home(ema_win_h win, uint64_t word)
+{
+    ema__win_ctx_t *ctx   = win->ctx;
+    ema__win_part_t *part = &win->parts[ctx->rank];
+    int home = 0;
+
+    atomic_fetch_add(&win->policy_readers, 1);
+    const uint64_t *sp = atomic_load(&win->policy_span);
+    if (sp != NULL && sp[0] == (word >> 32)) {
+        uint64_t s = sp[(uint32_t)word]; /* word's low half: group + 1 */
+        uint32_t first = (uint32_t)(s >> 32), end = (uint32_t)s;
+        uint32_t ns = atomic_load(&part->nsegs);
+        home = first < end && end <= ns;
+        for (uint32_t i = first; home && i < end; i++) {
+            ema__loc_t l = atomic_load(&part->loc[i]);
+            home = !(l & EMA_LOC_MOVING) && loc_home(ctx, l);
+        }
+    }
+    atomic_fetch_sub(&win->policy_readers, 1);
+    return home;
+}
+
+/* Swap in @span (NULL: none) and free the old one once no advance reads it. */
+static void policy_span_set(ema_win_h win, uint64_t *span)
+{
+    uint64_t *old = atomic_exchange(&win->policy_span, span);
+    while (atomic_load(&win->policy_readers) > 0) {
+        sched_yield(); /* a reader holds it for a few loads */
+    }
+    free(old);
+}
+
+/* The span array of @pol (FLAG_WAIT) over a part of @seg-byte segments. */
+static uint64_t *policy_span_make(const ema__win_policy_t *pol, size_t seg)
+{
+    uint64_t *sp = malloc((1 + (size_t)pol->count) * sizeof(*sp));
+    if (sp == NULL) {
+        return NULL;
+    }
+    sp[0] = pol->gen;
+    for (uint32_t g = 0; g < pol->count; g++) {
+        const ema_win_range_t *r = &pol->ranges[g];
+        uint64_t first = r->offset / seg, end = (r->offset + r->length + seg - 1) / seg;
+        sp[1 + g] = (first << 32) | (end & 0xffffffffu);
+    }
+    return sp;
 }
 
 /* --- the public calls ------------------------------------------------------ */
@@ -678,6 +734,9 @@ EMA_EXPORT ema_status_t ema_win_set_policy(ema_win_h win, const ema_win_policy_p
         pol->gen = gen;
     }
     win->policy = pol;
+    uint64_t *span = (pol != NULL && (pol->flags & EMA_WIN_POLICY_FLAG_WAIT))
+                         ? policy_span_make(pol, win->ctx->seg_size) : NULL;
+    /* without it an advance finds no group home and waits for the job */
     /* the position first: an advance that sees the new count writes the
      * new generation's position */
     atomic_store(&win->policy_pos, (uint64_t)gen << 32);
@@ -687,6 +746,7 @@ EMA_EXPORT ema_status_t ema_win_set_policy(ema_win_h win, const ema_win_policy_p
         policy_queue(win); /* groups 0..depth-1 come first */
     }
     ema__win_unlock(win);
+    policy_span_set(win, span);
     policy_free(old);
     return EMA_SUCCESS;
 }
@@ -701,7 +761,8 @@ static int policy_advanced(void *arg)
     const policy_wait_t *w = arg;
     return atomic_load(&w->win->policy_cur_done) == w->word ||
            atomic_load(&w->win->policy_pos) != w->word ||
-           (atomic_load(&w->win->policy_gc) >> 32) != (w->word >> 32);
+           (atomic_load(&w->win->policy_gc) >> 32) != (w->word >> 32) ||
+           policy_group_home(w->win, w->word);
 }
 
 EMA_EXPORT ema_status_t ema_win_advance(ema_win_h win, size_t group)
@@ -720,7 +781,8 @@ EMA_EXPORT ema_status_t ema_win_advance(ema_win_h win, size_t group)
     uint64_t word = (gc & ~0xffffffffull) | (group + 1);
     atomic_store(&win->policy_pos, word);
     policy_queue(win);
-    if (!(atomic_load(&win->policy_flags) & EMA_WIN_POLICY_FLAG_WAIT)) {
+    if (!(atomic_load(&win->policy_flags) & EMA_WIN_POLICY_FLAG_WAIT) ||
+        policy_group_home(win, word)) {
         return EMA_SUCCESS;
     }
     /* FLAG_WAIT: until a run from this position is done with the group (or
@@ -807,5 +869,6 @@ void ema__win_policy_drop(ema_win_h win)
     win->policy = NULL;
     atomic_store(&win->policy_gc, atomic_load(&win->policy_gc) & ~0xffffffffull);
     ema__win_unlock(win);
+    policy_span_set(win, NULL);
     policy_free(pol);
 }

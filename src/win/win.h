@@ -276,6 +276,12 @@ struct ema_win {
     atomic_uint      policy_flags;  /* the policy's flags (ema_win_advance's WAIT) */
     _Atomic uint64_t policy_cur_done; /* the position of the last run whose current
                                          group's move is over (FLAG_WAIT) */
+    /* FLAG_WAIT: [0] the generation, [1 + g] group g's segments as
+     * first << 32 | last + 1, read by ema_win_advance without the lock while
+     * policy_readers counts it; ema_win_set_policy frees a replaced one
+     * once no reader is left. */
+    _Atomic(uint64_t *) policy_span;
+    atomic_int       policy_readers;
     _Atomic uint64_t policy_ctr[6]; /* EMA_WIN_POLICY_CTR_* */
 };
 

@@ -16,6 +16,11 @@
  *   readonly EMA_WIN_POLICY_FLAG_READ_ONLY over a part half in the spill tier:
  *            groups brought home keep their spill copies, and leave again
  *            with no copy (bytes_dropped); the copies go with the policy.
+ *   wait     (EMA_PROGRESS_THREAD=n) EMA_WIN_POLICY_FLAG_WAIT over a part half
+ *            in the spill tier: without the flag an advance moves nothing
+ *            (no thread runs the job); with it ema_win_advance runs the job
+ *            itself and returns with its (spilled) group local, another
+ *            moved out for room, at each of 7 steps; data intact.
  *   yield    (EMA_PROGRESS_THREAD=n) the policy's job that meets a lender's
  *            recall defers (deferred counter), the recall completes first,
  *            then the policy runs again on its own and finishes its work.
@@ -403,11 +408,71 @@ static void test_readonly(void)
     T_OK(ema_win_free(w));
 }
 
+/* A walk of two groups, @h then @g, depth 1, not cyclic, with @flags: at
+ * group g nothing is ahead, so bytes_ahead is group g's alone under
+ * FLAG_WAIT (and none without it), and h is behind, to leave for room. */
+static void set_pair(ema_win_h w, size_t h, size_t g, unsigned flags)
+{
+    ema_win_range_t r[2] = {{h * GSEGS * SEG, GSEGS * SEG}, {g * GSEGS * SEG, GSEGS * SEG}};
+    ema_win_policy_params_t pp = {
+        .field_mask = EMA_WIN_POLICY_PARAM_FIELD_RANGES | EMA_WIN_POLICY_PARAM_FIELD_DEPTH |
+                      EMA_WIN_POLICY_PARAM_FIELD_FLAGS,
+        .ranges = r, .count = 2, .depth = 1, .flags = flags};
+    T_OK(ema_win_set_policy(w, &pp));
+}
+
+static void test_wait(void)
+{
+    ema_test_begin("wait: ema_win_advance returns with its group local");
+    uint64_t *base;
+    size_t size;
+    ema_win_h w = setup_away(&base, &size, 1);
+    if (ema_t_rank == 0) {
+        ema_win_policy_stat_t st, st0;
+        /* groups 0-3 are local, 4-6 spilled; each step brings group g home
+         * in place of group h, so the next pair's g is away again */
+        static const size_t pairs[][2] = {{0, 4}, {1, 5}, {2, 6}, {3, 0}, {4, 1}, {5, 2}, {6, 3}};
+        /* the control: without the flag nothing runs the job here */
+        set_pair(w, 0, 4, 0);
+        T_OK(ema_win_advance(w, 1));
+        st = pstat(w);
+        T_EXPECT(st.bytes_prefetched == 0 && st.bytes_evicted == 0,
+                 "no flag, no progress thread: the advance moved %" PRIu64 " bytes home and %"
+                 PRIu64 " out", st.bytes_prefetched, st.bytes_evicted);
+        for (size_t k = 0; k < sizeof(pairs) / sizeof(pairs[0]); k++) {
+            size_t h = pairs[k][0], g = pairs[k][1];
+            set_pair(w, h, g, EMA_WIN_POLICY_FLAG_WAIT);
+            st0 = pstat(w);
+            T_OK(ema_win_advance(w, 1));
+            st = pstat(w); /* no polling: the advance ran the job */
+            T_EXPECT(st.group == 1 && st.bytes_ahead == GSEGS * SEG &&
+                         st.bytes_ahead_local == st.bytes_ahead &&
+                         st.bytes_prefetched - st0.bytes_prefetched == GSEGS * SEG &&
+                         st.bytes_evicted - st0.bytes_evicted == GSEGS * SEG,
+                     "group %zu (after %zu): the advance returned with %zu of its %zu bytes "
+                     "local, %" PRIu64 " moved home, %" PRIu64 " out", g, h,
+                     st.bytes_ahead_local, st.bytes_ahead,
+                     st.bytes_prefetched - st0.bytes_prefetched,
+                     st.bytes_evicted - st0.bytes_evicted);
+            /* at once again: the group is home, nothing to wait for */
+            T_OK(ema_win_advance(w, 1));
+            size_t off = g * GSEGS * SEG, len = GSEGS * SEG;
+            T_OK(ema_win_acquire(w, off, len));
+            check(w, base, off, off + len, 1, "a group read after its advance");
+            T_OK(ema_win_release(w, off, len));
+        }
+        T_OK(ema_win_set_policy(w, NULL));
+        check_held(w, base, size, 1, "rank 0's part after the walks");
+    }
+    T_OK(ema_barrier());
+    T_OK(ema_win_free(w));
+}
+
 int main(int argc, char **argv)
 {
     const char *mode = argc > 1 ? argv[1] : "walk";
     ema_test_init("test_policy");
-    noprog = strcmp(mode, "yield") == 0;
+    noprog = strcmp(mode, "yield") == 0 || strcmp(mode, "wait") == 0;
     if (ema_t_size != 2) {
         fprintf(stderr, "test_policy: run on 2 ranks\n");
         return 1;
@@ -422,6 +487,8 @@ int main(int argc, char **argv)
     }
     if (strcmp(mode, "walk") == 0) {
         test_walk();
+    } else if (strcmp(mode, "wait") == 0) {
+        test_wait();
     } else if (noprog) {
         test_yield();
     } else if (strcmp(mode, "readonly") == 0) {

@@ -645,7 +645,8 @@ class Window:
         check(_L.ema_win_prefetch(self._handle(), parse_size(offset, "offset"),
                                   parse_size(nbytes, "nbytes")), "ema_win_prefetch")
 
-    def set_policy(self, ranges, depth=1, cyclic=False, evict=True, read_only=False):
+    def set_policy(self, ranges, depth=1, cyclic=False, evict=True, read_only=False,
+                   wait=False):
         """ema_win_set_policy(3): the order in which this rank walks its part,
         as (offset, length) groups, e.g. one per layer group; the progress
         engine keeps the depth groups after the current one local, moving
@@ -653,7 +654,9 @@ class Window:
         with evict=False).  cyclic: after the last group comes the first.
         read_only: the walk never writes the groups (weights): a group
         brought home from the spill tier keeps its spill copy and leaves
-        again with no copy (a write to it may be lost).
+        again with no copy (a write to it may be lost).  wait: advance(g)
+        returns once group g is local (or the policy's run for it ended
+        without moving it), for compute that reads a group several times.
         ranges=None or [] removes the policy.  Never moves held ranges
         (acquire(), pinned views)."""
         if ranges is None or len(ranges) == 0:
@@ -677,12 +680,14 @@ class Window:
         p.depth = depth
         p.flags = ((_lib.WIN_POLICY_FLAG_CYCLIC if cyclic else 0) |
                    (0 if evict else _lib.WIN_POLICY_FLAG_NO_EVICT) |
-                   (_lib.WIN_POLICY_FLAG_READ_ONLY if read_only else 0))
+                   (_lib.WIN_POLICY_FLAG_READ_ONLY if read_only else 0) |
+                   (_lib.WIN_POLICY_FLAG_WAIT if wait else 0))
         check(_L.ema_win_set_policy(self._handle(), ctypes.byref(p)), "ema_win_set_policy")
 
     def advance(self, group):
         """ema_win_advance(3): this rank now works on group `group` of the
-        policy; returns at once (the progress engine does the moves)."""
+        policy; returns at once (the progress engine does the moves), or
+        with set_policy(wait=True) once the group is local."""
         if isinstance(group, bool) or not isinstance(group, int) or group < 0:
             raise ValueError("group must be a non-negative int, not %r" % (group,))
         check(_L.ema_win_advance(self._handle(), group), "ema_win_advance")

@@ -467,6 +467,17 @@ class TestViews(harness.Case):
         w.set_policy(None)  # the copies go back to the spill tier
         self.assertEqual(ema.mem_stat().bytes_spilled, w.stat().bytes_spilled)
         self.assertEqual(self.ema_get(4 * MiB, 8 * MiB), tail)
+        # wait: advance(g) returns once group g is local; the policy stat
+        # then counts it among the groups to keep local (first of them)
+        w.set_policy(groups, depth=1, cyclic=True, wait=True)
+        for g in list(range(6)) * 2:
+            w.advance(g)
+            st = w.policy_stat()
+            self.assertEqual((st.group, st.bytes_ahead), (g, 4 * MiB), st)
+            self.assertGreaterEqual(st.bytes_ahead_local, 2 * MiB, st)
+        self.assertEqual(self.ema_get(0, 4 * MiB), self.data)
+        self.assertEqual(self.ema_get(4 * MiB, 8 * MiB), tail)
+        w.set_policy(None)
 
 
 class TestNotifier(unittest.TestCase):

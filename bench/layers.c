@@ -26,7 +26,9 @@
  * Options: --layers N (32)  --layer-bytes B (window/2 = capacity/2 must hold
  * the local half: default capacity/2/N rounded to segments, at least one
  * segment)  --ops LIST (0,1,4,16,64)  --depth D (2)  --passes P (5)
- * --csv FILE (stdout).
+ * --reads R (1)  --read-only  --wait  --csv FILE (stdout).  The last CSV
+ * column, policy_acquire_ms, is the time per pass the policy's walk spent
+ * in ema_win_acquire (waiting for a layer still moving).
  */
 #include <ema.h>
 

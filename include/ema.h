@@ -403,8 +403,9 @@ enum {
      *  eviction.  The kept copies count against EMA_SPILL_SIZE until the
      *  policy is replaced or removed, or the window shrinks past them. */
     EMA_WIN_POLICY_FLAG_READ_ONLY = 1u << 2,
-    /** ema_win_advance(win, g) makes group g itself local first and
-     *  returns once it is, or once the policy's run for g ended without it
+    /** ema_win_advance(win, g) makes group g itself local before the
+     *  groups ahead (after the moves out that make room for all of them)
+     *  and returns once it is, or once the policy's run for g ended without it
      *  (held, no room, or deferred for a lender's reclaim): compute that
      *  reads a group several times (a GEMM's tiles, say) then waits for one
      *  transfer instead of reading remote memory at every pass.  Without

@@ -35,6 +35,8 @@
 #define _GNU_SOURCE
 #include "cuda_priv.h"
 
+#include <signal.h>
+
 /* --- the arena ------------------------------------------------------------ */
 
 /* The arena's copy streams. */
@@ -204,6 +206,11 @@ static void cuda_arena_destroy(ema__mem_arena_t *arena)
             close(ca->fds[i]);
         }
     }
+    /* Peers' segments: the memory lives on while a mapping of ours does */
+    for (uint32_t i = 0; i < ca->nimports; i++) {
+        ema__cu.cuMemRelease(ca->imports[i].h);
+    }
+    ca->nimports = 0;
     if (arena->base != NULL) {
         ema__cu.cuMemAddressFree((CUdeviceptr)(uintptr_t)arena->base, arena->capacity);
         arena->base = NULL;
@@ -215,10 +222,6 @@ static void cuda_arena_destroy(ema__mem_arena_t *arena)
     }
     if (ca->ctx != NULL) {
         ema__cu.cuDevicePrimaryCtxRelease(ca->dev);
-    }
-    /* Peers' segments: the memory lives on while a mapping of ours does */
-    for (uint32_t i = 0; i < ca->nimports; i++) {
-        ema__cu.cuMemRelease(ca->imports[i].h);
     }
     free(ca->imports);
     pthread_mutex_destroy(&ca->import_lock);
@@ -526,41 +529,78 @@ static ema_status_t cuda_peer_fd(int32_t pid, int64_t handle, int *fd_p)
 static ema_status_t cuda_import(ema_cuda_arena_t *ca, int32_t pid, int64_t handle,
                                 CUmemGenericAllocationHandle *h_p)
 {
+    CUmemGenericAllocationHandle h, dead = 0;
     ema_status_t status = EMA_SUCCESS;
+    /* (h: ours from the import below until kept) */
+    int found = 0, gone = 0;
     CUresult res;
     int fd;
 
     pthread_mutex_lock(&ca->import_lock);
     for (uint32_t i = 0; i < ca->nimports; i++) {
         if (ca->imports[i].pid == pid && ca->imports[i].handle == handle) {
-            *h_p = ca->imports[i].h;
-            goto out;
+            /* A dead peer's memory is not mapped anew, as when every map
+             * imported (pidfd_open: ESRCH); its entry goes. */
+            if (kill((pid_t)pid, 0) != 0 && errno == ESRCH) {
+                dead = ca->imports[i].h;
+                ca->imports[i] = ca->imports[--ca->nimports];
+                gone = 1;
+            } else {
+                *h_p  = ca->imports[i].h;
+                found = 1;
+            }
+            break;
         }
     }
-    if (ca->nimports == ca->cap_imports) {
-        uint32_t cap = ca->cap_imports ? 2 * ca->cap_imports : 64;
-        cuda_import_t *n = realloc(ca->imports, cap * sizeof(*n));
-        if (n == NULL) {
-            status = EMA_ERR_NO_MEMORY;
-            goto out;
-        }
-        ca->imports     = n;
-        ca->cap_imports = cap;
+    pthread_mutex_unlock(&ca->import_lock);
+    if (gone) {
+        ema__cu.cuMemRelease(dead); /* its mappings, if any, keep the memory */
+        ema_error("pid %d, whose GPU segment is to be mapped, is gone", (int)pid);
+        return EMA_ERR_PEER_LOST;
     }
+    if (found) {
+        return EMA_SUCCESS;
+    }
+
+    /* The fd and the import (about 0.75 ms) outside the lock, so that maps
+     * of other segments go on meanwhile. */
     status = cuda_peer_fd(pid, handle, &fd);
     if (status != EMA_SUCCESS) {
-        goto out;
+        return status;
     }
-    EMA_CU_CALL(res, cuMemImportFromShareableHandle, h_p, (void *)(uintptr_t)fd,
+    EMA_CU_CALL(res, cuMemImportFromShareableHandle, &h, (void *)(uintptr_t)fd,
                 CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
     close(fd); /* the imported handle holds the memory */
     if (res != CUDA_SUCCESS) {
-        status = ema__cu_status(res);
-        goto out;
+        return ema__cu_status(res);
     }
-    ca->imports[ca->nimports++] = (cuda_import_t){pid, handle, *h_p};
-out:
+    pthread_mutex_lock(&ca->import_lock);
+    for (uint32_t i = 0; i < ca->nimports && !found; i++) {
+        if (ca->imports[i].pid == pid && ca->imports[i].handle == handle) {
+            *h_p  = ca->imports[i].h; /* another thread imported it meanwhile */
+            found = 1;
+        }
+    }
+    if (!found && ca->nimports == ca->cap_imports) {
+        uint32_t cap = ca->cap_imports ? 2 * ca->cap_imports : 64;
+        cuda_import_t *n = realloc(ca->imports, cap * sizeof(*n));
+        if (n != NULL) {
+            ca->imports     = n;
+            ca->cap_imports = cap;
+        }
+    }
+    int kept = 0;
+    if (!found && ca->nimports < ca->cap_imports) {
+        ca->imports[ca->nimports++] = (cuda_import_t){pid, handle, h};
+        *h_p = h;
+        kept = 1;
+    } else if (!found) {
+        status = EMA_ERR_NO_MEMORY;
+    }
     pthread_mutex_unlock(&ca->import_lock);
+    if (!kept) {
+        ema__cu.cuMemRelease(h); /* a duplicate, or no room to keep it */
+    }
     return status;
 }
 
@@ -568,7 +608,7 @@ static ema_status_t cuda_map(ema__mem_arena_t *arena, const ema__mem_export_t *e
                              uint32_t seg, int64_t handle, void *addr)
 {
     ema_cuda_arena_t *ca = arena->priv;
-    CUmemGenericAllocationHandle h;
+    CUmemGenericAllocationHandle h = 0;
     ema_status_t status;
 
     status = cuda_ctx_set(ca);

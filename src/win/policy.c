@@ -139,6 +139,7 @@ typedef struct {
     uint32_t  nahead, nbehind, nheld, nsegs;
     uint32_t  ncur;    /* of ahead, the first ncur are the current group's (WAIT) */
     uint64_t  word;    /* the position word planned for (policy_pos) */
+    uint64_t  ticket;  /* policy_seq when the run started (FLAG_WAIT) */
 } policy_plan_t;
 
 /* Fill @p for @pol at @pos; with @only_notified, only segments marked
@@ -361,6 +362,15 @@ static uint32_t policy_take_local(ema__win_ctx_t *ctx, const policy_plan_t *p, u
                                        loc + got, hdl + got);
 }
 
+/* The run with @p's ticket is done with its current group: release the
+ * advances that wait for it (FLAG_WAIT) and for any run before it. */
+static void policy_done(ema_win_h win, const policy_plan_t *p)
+{
+    uint64_t cur = atomic_load(&win->policy_done);
+    while (cur < p->ticket && !atomic_compare_exchange_weak(&win->policy_done, &cur, p->ticket)) {
+    }
+}
+
 /* Steps 4 and 5 on a plan made under the lock still held. */
 static void policy_execute(ema_win_h win, policy_plan_t *p) EMA_REQUIRES(win->lock)
 {
@@ -431,7 +441,7 @@ static void policy_execute(ema_win_h win, policy_plan_t *p) EMA_REQUIRES(win->lo
         if (cur > 0) {
             moved = policy_move(win, p->ahead, cur, loc, hdl, old, mf);
         }
-        atomic_store(&win->policy_cur_done, p->word);
+        policy_done(win, p);
         if (got > cur) {
             moved += policy_move(win, p->ahead + cur, got - cur, loc + cur, hdl + cur, old, mf);
         }
@@ -461,7 +471,8 @@ static void policy_job(void *arg)
     /* The position this run starts from: an advance that waits (FLAG_WAIT)
      * waits for a run that started from its own position to be done with
      * the current group, or to end. */
-    p.word = atomic_load(&win->policy_pos);
+    p.ticket = atomic_load(&win->policy_seq); /* before the position: see ema_win_advance */
+    p.word   = atomic_load(&win->policy_pos);
     if (policy_yield(ctx)) {
         atomic_fetch_add(&win->policy_ctr[EMA_WIN_POLICY_CTR_DEFERRED], 1);
         goto done;
@@ -525,7 +536,7 @@ static void policy_job(void *arg)
     if (p.ncur == 0) {
         /* the current group stays where it is: its waiter goes on now,
          * not after this run's evictions and moves */
-        atomic_store(&win->policy_cur_done, p.word);
+        policy_done(win, &p);
     }
     if (p.nahead > 0) {
         policy_execute(win, &p);
@@ -538,7 +549,7 @@ static void policy_job(void *arg)
               "ran %.0f us, %u segments ahead, %u behind", win->id, pos, t0 - tq,
               ema__now_us() - t0, p.nahead, p.nbehind);
 done:
-    atomic_store(&win->policy_cur_done, p.word); /* also where nothing moved */
+    policy_done(win, &p); /* also where nothing moved */
     free(p.groups);
     free(p.mark);
     free(p.ahead);
@@ -603,11 +614,11 @@ static int policy_group_home(ema_win_h win, uint64_t word)
     return home;
 }
 
-/* Swap in @span (NULL: none) and free the old one once no advance reads it. */
-static void policy_span_set(ema_win_h win, uint64_t *span)
+/* Free @old, a span swapped out under win->lock, once no advance reads it
+ * (called without the lock). */
+static void policy_span_retire(ema_win_h win, uint64_t *old)
 {
-    uint64_t *old = atomic_exchange(&win->policy_span, span);
-    while (atomic_load(&win->policy_readers) > 0) {
+    while (old != NULL && atomic_load(&win->policy_readers) > 0) {
         sched_yield(); /* a reader holds it for a few loads */
     }
     free(old);
@@ -736,7 +747,10 @@ EMA_EXPORT ema_status_t ema_win_set_policy(ema_win_h win, const ema_win_policy_p
     win->policy = pol;
     uint64_t *span = (pol != NULL && (pol->flags & EMA_WIN_POLICY_FLAG_WAIT))
                          ? policy_span_make(pol, win->ctx->seg_size) : NULL;
-    /* without it an advance finds no group home and waits for the job */
+    /* without it an advance finds no group home and waits for the job;
+     * swapped under the lock, so that concurrent replacements keep the
+     * newest generation's */
+    span = atomic_exchange(&win->policy_span, span);
     /* the position first: an advance that sees the new count writes the
      * new generation's position */
     atomic_store(&win->policy_pos, (uint64_t)gen << 32);
@@ -746,20 +760,21 @@ EMA_EXPORT ema_status_t ema_win_set_policy(ema_win_h win, const ema_win_policy_p
         policy_queue(win); /* groups 0..depth-1 come first */
     }
     ema__win_unlock(win);
-    policy_span_set(win, span);
+    policy_span_retire(win, span); /* the old one */
     policy_free(old);
     return EMA_SUCCESS;
 }
 
 typedef struct {
     ema_win_h win;
-    uint64_t  word; /* the position advanced to */
+    uint64_t  word;   /* the position advanced to */
+    uint64_t  ticket; /* policy_seq taken after storing it */
 } policy_wait_t;
 
 static int policy_advanced(void *arg)
 {
     const policy_wait_t *w = arg;
-    return atomic_load(&w->win->policy_cur_done) == w->word ||
+    return atomic_load(&w->win->policy_done) >= w->ticket ||
            atomic_load(&w->win->policy_pos) != w->word ||
            (atomic_load(&w->win->policy_gc) >> 32) != (w->word >> 32) ||
            policy_group_home(w->win, w->word);
@@ -780,6 +795,9 @@ EMA_EXPORT ema_status_t ema_win_advance(ema_win_h win, size_t group)
     }
     uint64_t word = (gc & ~0xffffffffull) | (group + 1);
     atomic_store(&win->policy_pos, word);
+    /* after the position (seq_cst): a run that reads a ticket >= this one
+     * reads this position or a later one */
+    uint64_t ticket = atomic_fetch_add(&win->policy_seq, 1) + 1;
     policy_queue(win);
     if (!(atomic_load(&win->policy_flags) & EMA_WIN_POLICY_FLAG_WAIT) ||
         policy_group_home(win, word)) {
@@ -789,7 +807,7 @@ EMA_EXPORT ema_status_t ema_win_advance(ema_win_h win, size_t group)
      * the walk moved on, or the policy changed).  A long wait: where no
      * progress thread runs the job, this thread does. */
     EMA_WIN_ASSERT_UNLOCKED(win);
-    policy_wait_t w = {win, word};
+    policy_wait_t w = {win, word, ticket};
     return ema__xport_wait_until(win->ctx->xp, EMA_WAIT_LONG, 0,
                                  policy_advanced, &w);
 }
@@ -868,7 +886,8 @@ void ema__win_policy_drop(ema_win_h win)
     policy_release_kept(win, pol, 0);
     win->policy = NULL;
     atomic_store(&win->policy_gc, atomic_load(&win->policy_gc) & ~0xffffffffull);
+    uint64_t *span = atomic_exchange(&win->policy_span, NULL);
     ema__win_unlock(win);
-    policy_span_set(win, NULL);
+    policy_span_retire(win, span);
     policy_free(pol);
 }

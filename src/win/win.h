@@ -274,8 +274,13 @@ struct ema_win {
     atomic_int       policy_queued; /* a policy job is queued and not started */
     _Atomic uint64_t policy_t_queued; /* when it was queued (ns, ema__now_us), for the log */
     atomic_uint      policy_flags;  /* the policy's flags (ema_win_advance's WAIT) */
-    _Atomic uint64_t policy_cur_done; /* the position of the last run whose current
-                                         group's move is over (FLAG_WAIT) */
+    /* FLAG_WAIT's tickets: each ema_win_advance takes policy_seq + 1 after it
+     * stores its position; a policy run reads policy_seq as it starts, and
+     * once done with its current group raises policy_done to that value (a
+     * maximum: runs may overlap), so a waiter waits for policy_done >= its
+     * ticket, a run that started after its advance. */
+    _Atomic uint64_t policy_seq;
+    _Atomic uint64_t policy_done;
     /* FLAG_WAIT: [0] the generation, [1 + g] group g's segments as
      * first << 32 | last + 1, read by ema_win_advance without the lock while
      * policy_readers counts it; ema_win_set_policy frees a replaced one

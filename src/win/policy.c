@@ -437,18 +437,20 @@ static void policy_execute(ema_win_h win, policy_plan_t *p) EMA_REQUIRES(win->lo
         /* with FLAG_WAIT the current group moves alone first, and its
          * waiter is told (policy_job's word) before the groups ahead move */
         unsigned mf  = (pol->flags & EMA_WIN_POLICY_FLAG_READ_ONLY) ? EMA_WIN_MOVE_KEEP_SPILL : 0;
-        uint32_t cur = (p->ncur < got) ? p->ncur : got, moved = 0;
+        uint32_t cur = (p->ncur < got) ? p->ncur : got, mcur = 0, moved = 0;
         if (cur > 0) {
-            moved = policy_move(win, p->ahead, cur, loc, hdl, old, mf);
+            mcur = policy_move(win, p->ahead, cur, loc, hdl, old, mf);
+            atomic_fetch_add(&win->policy_ctr[EMA_WIN_POLICY_CTR_PREFETCHED],
+                             (uint64_t)mcur * ctx->seg_size); /* counted before the waiter goes */
         }
         policy_done(win, p);
         if (got > cur) {
-            moved += policy_move(win, p->ahead + cur, got - cur, loc + cur, hdl + cur, old, mf);
+            moved = policy_move(win, p->ahead + cur, got - cur, loc + cur, hdl + cur, old, mf);
+            atomic_fetch_add(&win->policy_ctr[EMA_WIN_POLICY_CTR_PREFETCHED],
+                             (uint64_t)moved * ctx->seg_size);
         }
-        atomic_fetch_add(&win->policy_ctr[EMA_WIN_POLICY_CTR_PREFETCHED],
-                         (uint64_t)moved * ctx->seg_size);
-        ema_debug("window %u: policy brought %u of %u segments home (%u of the current group)",
-                  win->id, moved, got, cur);
+        ema_debug("window %u: policy brought %u of %u segments home (%u of %u of the current "
+                  "group)", win->id, mcur + moved, got, mcur, cur);
     }
 out:
     free(loc);

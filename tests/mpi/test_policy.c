@@ -21,6 +21,8 @@
  *            (no thread runs the job); with it ema_win_advance runs the job
  *            itself and returns with its (spilled) group local, another
  *            moved out for room, at each of 7 steps; data intact.
+ *   waitthread  the same with the progress thread running the job (no
+ *            control step).
  *   yield    (EMA_PROGRESS_THREAD=n) the policy's job that meets a lender's
  *            recall defers (deferred counter), the recall completes first,
  *            then the policy runs again on its own and finishes its work.
@@ -421,9 +423,11 @@ static void set_pair(ema_win_h w, size_t h, size_t g, unsigned flags)
     T_OK(ema_win_set_policy(w, &pp));
 }
 
-static void test_wait(void)
+static void test_wait(int thread)
 {
-    ema_test_begin("wait: ema_win_advance returns with its group local");
+    ema_test_begin(thread ? "wait, with the progress thread: ema_win_advance returns with "
+                            "its group local"
+                          : "wait: ema_win_advance returns with its group local");
     uint64_t *base;
     size_t size;
     ema_win_h w = setup_away(&base, &size, 1);
@@ -432,19 +436,21 @@ static void test_wait(void)
         /* groups 0-3 are local, 4-6 spilled; each step brings group g home
          * in place of group h, so the next pair's g is away again */
         static const size_t pairs[][2] = {{0, 4}, {1, 5}, {2, 6}, {3, 0}, {4, 1}, {5, 2}, {6, 3}};
-        /* the control: without the flag nothing runs the job here */
-        set_pair(w, 0, 4, 0);
-        T_OK(ema_win_advance(w, 1));
-        st = pstat(w);
-        T_EXPECT(st.bytes_prefetched == 0 && st.bytes_evicted == 0,
-                 "no flag, no progress thread: the advance moved %" PRIu64 " bytes home and %"
-                 PRIu64 " out", st.bytes_prefetched, st.bytes_evicted);
+        if (!thread) {
+            /* the control: without the flag nothing runs the job here */
+            set_pair(w, 0, 4, 0);
+            T_OK(ema_win_advance(w, 1));
+            st = pstat(w);
+            T_EXPECT(st.bytes_prefetched == 0 && st.bytes_evicted == 0,
+                     "no flag, no progress thread: the advance moved %" PRIu64 " bytes home "
+                     "and %" PRIu64 " out", st.bytes_prefetched, st.bytes_evicted);
+        }
         for (size_t k = 0; k < sizeof(pairs) / sizeof(pairs[0]); k++) {
             size_t h = pairs[k][0], g = pairs[k][1];
             set_pair(w, h, g, EMA_WIN_POLICY_FLAG_WAIT);
             st0 = pstat(w);
             T_OK(ema_win_advance(w, 1));
-            st = pstat(w); /* no polling: the advance ran the job */
+            st = pstat(w); /* no polling: the advance ran the job, or waited for it */
             T_EXPECT(st.group == 1 && st.bytes_ahead == GSEGS * SEG &&
                          st.bytes_ahead_local == st.bytes_ahead &&
                          st.bytes_prefetched - st0.bytes_prefetched == GSEGS * SEG &&
@@ -488,7 +494,9 @@ int main(int argc, char **argv)
     if (strcmp(mode, "walk") == 0) {
         test_walk();
     } else if (strcmp(mode, "wait") == 0) {
-        test_wait();
+        test_wait(0);
+    } else if (strcmp(mode, "waitthread") == 0) {
+        test_wait(1);
     } else if (noprog) {
         test_yield();
     } else if (strcmp(mode, "readonly") == 0) {

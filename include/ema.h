@@ -482,7 +482,8 @@ typedef struct {
     size_t   count;             /**< groups of the policy (0: none) */
     unsigned depth;             /**< groups kept local ahead */
     size_t   group;             /**< last group advanced to, or EMA_WIN_POLICY_NO_GROUP */
-    size_t   bytes_ahead;       /**< bytes of the groups to keep local now */
+    size_t   bytes_ahead;       /**< bytes of the groups to keep local now (the
+                                     current one too with EMA_WIN_POLICY_FLAG_WAIT) */
     size_t   bytes_ahead_local; /**< of those, in this rank's own memory now */
     uint64_t bytes_prefetched;  /**< moved home by the policy */
     uint64_t bytes_evicted;     /**< moved out (borrowed or spilled) by the policy */

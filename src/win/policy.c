@@ -435,7 +435,7 @@ static void policy_execute(ema_win_h win, policy_plan_t *p) EMA_REQUIRES(win->lo
     }
     if (got > 0) {
         /* with FLAG_WAIT the current group moves alone first, and its
-         * waiter is told (policy_job's word) before the groups ahead move */
+         * waiters are released (policy_done) before the groups ahead move */
         unsigned mf  = (pol->flags & EMA_WIN_POLICY_FLAG_READ_ONLY) ? EMA_WIN_MOVE_KEEP_SPILL : 0;
         uint32_t cur = (p->ncur < got) ? p->ncur : got, mcur = 0, moved = 0;
         if (cur > 0) {
@@ -470,9 +470,9 @@ static void policy_job(void *arg)
     double t0 = ema__now_us();
     double tq = (double)atomic_load(&win->policy_t_queued) * 1e-3;
     atomic_store(&win->policy_queued, 0); /* an advance from now on queues another run */
-    /* The position this run starts from: an advance that waits (FLAG_WAIT)
-     * waits for a run that started from its own position to be done with
-     * the current group, or to end. */
+    /* The ticket and position this run starts from: an advance that waits
+     * (FLAG_WAIT) waits for a run with a ticket at least its own to be done
+     * with the current group (policy_done), or to end. */
     p.ticket = atomic_load(&win->policy_seq); /* before the position: see ema_win_advance */
     p.word   = atomic_load(&win->policy_pos);
     if (policy_yield(ctx)) {

@@ -8,7 +8,6 @@
 #include "win.h"
 
 #include "util/clock.h"
-
 #include "util/log.h"
 #include "util/state.h"
 

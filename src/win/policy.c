@@ -83,7 +83,7 @@ static uint32_t policy_ahead(const ema__win_policy_t *pol, uint64_t pos, uint32_
         uint32_t others = pol->count - (pos > 0 ? 1 : 0);
         lim = (lim < others) ? lim : others;
     }
-    for (uint32_t k = 0; k < lim && n < pol->count; k++) {
+    for (uint32_t k = 0; k < lim; k++) {
         uint64_t x = (uint64_t)next + k;
         if (x >= pol->count) {
             if (!(pol->flags & EMA_WIN_POLICY_FLAG_CYCLIC)) {
@@ -138,7 +138,6 @@ typedef struct {
     uint32_t *behind;  /* local segments behind, used again last first */
     uint32_t  nahead, nbehind, nheld, nsegs;
     uint32_t  ncur;    /* of ahead, the first ncur are the current group's (WAIT) */
-    uint64_t  word;    /* the position word planned for (policy_pos) */
     uint64_t  ticket;  /* policy_seq when the run started (FLAG_WAIT) */
 } policy_plan_t;
 
@@ -470,11 +469,12 @@ static void policy_job(void *arg)
     double t0 = ema__now_us();
     double tq = (double)atomic_load(&win->policy_t_queued) * 1e-3;
     atomic_store(&win->policy_queued, 0); /* an advance from now on queues another run */
-    /* The ticket and position this run starts from: an advance that waits
-     * (FLAG_WAIT) waits for a run with a ticket at least its own to be done
-     * with the current group (policy_done), or to end. */
-    p.ticket = atomic_load(&win->policy_seq); /* before the position: see ema_win_advance */
-    p.word   = atomic_load(&win->policy_pos);
+    /* The ticket this run starts from, read before the position (see
+     * ema_win_advance): an advance that waits (FLAG_WAIT) waits for a run
+     * with a ticket at least its own to be done with the current group
+     * (policy_done), or to end. */
+    p.ticket    = atomic_load(&win->policy_seq);
+    uint64_t pw = atomic_load(&win->policy_pos);
     if (policy_yield(ctx)) {
         atomic_fetch_add(&win->policy_ctr[EMA_WIN_POLICY_CTR_DEFERRED], 1);
         goto done;
@@ -486,7 +486,6 @@ static void policy_job(void *arg)
         goto done;
     }
     atomic_fetch_add(&win->policy_ctr[EMA_WIN_POLICY_CTR_RUNS], 1);
-    uint64_t pw  = p.word;
     uint64_t pos = ((uint32_t)(pw >> 32) == pol->gen) ? (uint32_t)pw : 0;
     uint32_t gen = pol->gen;
     p.nsegs  = atomic_load(&win->parts[ctx->rank].nsegs);
@@ -528,7 +527,6 @@ static void policy_job(void *arg)
         }
         pw  = atomic_load(&win->policy_pos);
         pos = ((uint32_t)(pw >> 32) == pol->gen) ? (uint32_t)pw : 0;
-        p.word = pw;
         policy_plan(win, pol, pos, &p, 1);
     } else {
         p.nahead = in; /* moves only what was counted above */
@@ -563,7 +561,9 @@ done:
 static void policy_queue(ema_win_h win)
 {
     if (atomic_exchange(&win->policy_queued, 1) == 0) {
-        atomic_store(&win->policy_t_queued, (uint64_t)(ema__now_us() * 1e3));
+        if (ema__log_level >= EMA_LOG_DEBUG) { /* for the run's debug line only */
+            atomic_store(&win->policy_t_queued, (uint64_t)(ema__now_us() * 1e3));
+        }
         atomic_fetch_add(&win->prefetching, 1); /* ema_win_free waits for it */
         ema__xport_defer_ref(win->ctx->xp, EMA_JOB_LONG, policy_job, win);
     }
@@ -626,14 +626,15 @@ static void policy_span_retire(ema_win_h win, uint64_t *old)
     free(old);
 }
 
-/* The span array of @pol (FLAG_WAIT) over a part of @seg-byte segments. */
+/* The span array of @pol (FLAG_WAIT) over a part of @seg-byte segments;
+ * sp[0], the generation, is set when the policy gets one. */
 static uint64_t *policy_span_make(const ema__win_policy_t *pol, size_t seg)
 {
     uint64_t *sp = malloc((1 + (size_t)pol->count) * sizeof(*sp));
     if (sp == NULL) {
         return NULL;
     }
-    sp[0] = pol->gen;
+    sp[0] = 0;
     for (uint32_t g = 0; g < pol->count; g++) {
         const ema_win_range_t *r = &pol->ranges[g];
         uint64_t first = r->offset / seg, end = (r->offset + r->length + seg - 1) / seg;
@@ -738,6 +739,14 @@ EMA_EXPORT ema_status_t ema_win_set_policy(ema_win_h win, const ema_win_policy_p
             return EMA_ERR_NO_MEMORY;
         }
     }
+    /* FLAG_WAIT: the groups' segments, for ema_win_advance to look at
+     * without the lock; it is also how an advance knows it should wait */
+    uint64_t *span = NULL;
+    if (pol != NULL && (pol->flags & EMA_WIN_POLICY_FLAG_WAIT) &&
+        (span = policy_span_make(pol, win->ctx->seg_size)) == NULL) {
+        policy_free(pol);
+        return EMA_ERR_NO_MEMORY;
+    }
     EMA_WIN_ASSERT_UNLOCKED(win);
     ema__win_lock(win);
     ema__win_policy_t *old = win->policy;
@@ -747,16 +756,15 @@ EMA_EXPORT ema_status_t ema_win_set_policy(ema_win_h win, const ema_win_policy_p
         pol->gen = gen;
     }
     win->policy = pol;
-    uint64_t *span = (pol != NULL && (pol->flags & EMA_WIN_POLICY_FLAG_WAIT))
-                         ? policy_span_make(pol, win->ctx->seg_size) : NULL;
-    /* without it an advance finds no group home and waits for the job;
-     * swapped under the lock, so that concurrent replacements keep the
+    if (span != NULL) {
+        span[0] = gen;
+    }
+    /* swapped under the lock, so that concurrent replacements keep the
      * newest generation's */
     span = atomic_exchange(&win->policy_span, span);
     /* the position first: an advance that sees the new count writes the
      * new generation's position */
     atomic_store(&win->policy_pos, (uint64_t)gen << 32);
-    atomic_store(&win->policy_flags, pol ? pol->flags : 0);
     atomic_store(&win->policy_gc, ((uint64_t)gen << 32) | (pol ? pol->count : 0));
     if (pol != NULL) {
         policy_queue(win); /* groups 0..depth-1 come first */
@@ -801,7 +809,7 @@ EMA_EXPORT ema_status_t ema_win_advance(ema_win_h win, size_t group)
      * reads this position or a later one */
     uint64_t ticket = atomic_fetch_add(&win->policy_seq, 1) + 1;
     policy_queue(win);
-    if (!(atomic_load(&win->policy_flags) & EMA_WIN_POLICY_FLAG_WAIT) ||
+    if (atomic_load(&win->policy_span) == NULL /* no FLAG_WAIT */ ||
         policy_group_home(win, word)) {
         return EMA_SUCCESS;
     }

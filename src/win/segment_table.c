@@ -186,6 +186,26 @@ static ema_status_t ema_win_remap_range(ema_win_h win, const uint32_t *idx,
     return status;
 }
 
+/* Remap runs[0..nr) (unmap, then map the new memory), in order, until one
+ * fails; *@ok_p counts the segments remapped. */
+static ema_status_t ema_win_remap_runs(ema_win_h win, const ema_win_move_run_t *runs,
+                                       uint32_t nr, const uint32_t *idx, const ema__loc_t *loc,
+                                       const int64_t *hdl, uint32_t *ok_p, uint32_t *nbatch,
+                                       double *t_unmap, double *t_map) EMA_REQUIRES(win->lock)
+{
+    ema_status_t status = EMA_SUCCESS;
+    for (uint32_t r = 0; r < nr && status == EMA_SUCCESS; r++) {
+        status = ema_win_remap_range(win, idx, loc, hdl, runs[r].first, runs[r].count, t_unmap,
+                                     t_map);
+        (*nbatch)++;
+        if (status == EMA_SUCCESS) {
+            *ok_p += runs[r].count;
+            win->stats.migrations += runs[r].count;
+        }
+    }
+    return status;
+}
+
 /*
  * The hand-over's two halves.  First each run's window range is unmapped
  * (on host, put back to PROT_NONE), so that no access through the window
@@ -383,14 +403,9 @@ ema_status_t ema__win_seg_move_batch(ema_win_h win, const uint32_t *idx, const e
             goto out;
         }
         /* the remaps, while the copies run */
-        for (r = 0; r < ready && status == EMA_SUCCESS; r++) {
-            status = ema_win_remap_range(win, idx, loc, hdl, runs[r].first, runs[r].count,
-                                         &t_unmap, &t_map);
-            nbatch++;
-            if (status == EMA_SUCCESS) {
-                *ok_p += runs[r].count;
-                win->stats.migrations += runs[r].count;
-            }
+        if (status == EMA_SUCCESS) {
+            status = ema_win_remap_runs(win, runs, ready, idx, loc, hdl, ok_p, &nbatch, &t_unmap,
+                                        &t_map);
         }
         /* before any scratch range or new memory can be released */
         if (dev->ops->copy_wait != NULL) {
@@ -523,7 +538,7 @@ ema_status_t ema__win_seg_remap_batch(ema_win_h win, const uint32_t *idx, const 
 {
     EMA_WIN_ASSERT_LOCKED(win);
     ema_win_move_run_t *runs = calloc(n ? n : 1, sizeof(*runs));
-    ema_status_t status = EMA_SUCCESS;
+    uint32_t nbatch = 0;
     double t_unmap = 0, t_map = 0;
 
     *ok_p = 0;
@@ -531,14 +546,8 @@ ema_status_t ema__win_seg_remap_batch(ema_win_h win, const uint32_t *idx, const 
         return EMA_ERR_NO_MEMORY;
     }
     uint32_t nruns = ema_win_move_runs(win->ctx, idx, loc, hdl, n, runs);
-    for (uint32_t r = 0; r < nruns && status == EMA_SUCCESS; r++) {
-        status = ema_win_remap_range(win, idx, loc, hdl, runs[r].first, runs[r].count,
-                                     &t_unmap, &t_map);
-        if (status == EMA_SUCCESS) {
-            *ok_p += runs[r].count;
-            win->stats.migrations += runs[r].count;
-        }
-    }
+    ema_status_t status = ema_win_remap_runs(win, runs, nruns, idx, loc, hdl, ok_p, &nbatch,
+                                             &t_unmap, &t_map);
     free(runs);
     return status;
 }

@@ -272,8 +272,7 @@ struct ema_win {
     _Atomic uint64_t policy_gc;     /* generation << 32 | group count (0: none) */
     _Atomic uint64_t policy_pos;    /* generation << 32 | group + 1 (0: not started) */
     atomic_int       policy_queued; /* a policy job is queued and not started */
-    _Atomic uint64_t policy_t_queued; /* when it was queued (ns, ema__now_us), for the log */
-    atomic_uint      policy_flags;  /* the policy's flags (ema_win_advance's WAIT) */
+    _Atomic uint64_t policy_t_queued; /* when it was queued (ns), kept at debug level only */
     /* FLAG_WAIT's tickets: each ema_win_advance takes policy_seq + 1 after it
      * stores its position; a policy run reads policy_seq as it starts, and
      * once done with its current group raises policy_done to that value (a
@@ -281,10 +280,10 @@ struct ema_win {
      * ticket, a run that started after its advance. */
     _Atomic uint64_t policy_seq;
     _Atomic uint64_t policy_done;
-    /* FLAG_WAIT: [0] the generation, [1 + g] group g's segments as
-     * first << 32 | last + 1, read by ema_win_advance without the lock while
-     * policy_readers counts it; ema_win_set_policy frees a replaced one
-     * once no reader is left. */
+    /* FLAG_WAIT (NULL without it): [0] the generation, [1 + g] group g's
+     * segments as first << 32 | last + 1, read by ema_win_advance without
+     * the lock while policy_readers counts it; ema_win_set_policy frees a
+     * replaced one once no reader is left. */
     _Atomic(uint64_t *) policy_span;
     atomic_int       policy_readers;
     _Atomic uint64_t policy_ctr[6]; /* EMA_WIN_POLICY_CTR_* */

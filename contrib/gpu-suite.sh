@@ -16,7 +16,8 @@
 #   4. test_elastic's held and nomem scenarios and 20 s of ema_stress on 4
 #      ranks; 4b. with --cuda-spill (or GPU_SUITE_CUDA_SPILL=1) only: the
 #      cuda spill tier (EMA_CUDA_SPILL=y): test_elastic's spill
-#      and nolend scenarios, test_policy's walk, yield and readonly on 2 ranks, and
+#      and nolend scenarios, test_policy's walk, yield, readonly, wait and
+#      waitthread on 2 ranks, and
 #      20 s of ema_stress with it; 5. examples/cuda_window and the Python GPU consumer
 #      (examples/python/cuda_consumer.py) on 1, 2 and 4 ranks; 6. ema_perf on 2
 #      ranks (CSV, kept as $OUT/ema_perf.csv), failing when put or get at 2 MiB
@@ -236,6 +237,14 @@ for p in "${progs[@]}"; do
             step "$name readonly np2 (EMA_CUDA_SPILL=y)" run_mpi_env 2 EMA_CUDA_SPILL=y \
                 "EMA_DEVICE_MEMORY=$((8 * seg))" "EMA_LEND_RESERVE=$((8 * seg))" EMA_SPILL=host \
                 "EMA_SPILL_SIZE=$((16 * seg))" -- "$p" readonly
+            # EMA_WIN_POLICY_FLAG_WAIT, as tests/mpi/policy_wait_np2.sh:
+            # without a progress thread (the waiter runs the job), and with
+            step "$name wait np2 (EMA_CUDA_SPILL=y)" run_mpi_env 2 EMA_CUDA_SPILL=y \
+                "EMA_DEVICE_MEMORY=$((8 * seg))" "EMA_LEND_RESERVE=$((8 * seg))" EMA_SPILL=host \
+                "EMA_SPILL_SIZE=$((16 * seg))" EMA_PROGRESS_THREAD=n -- "$p" wait
+            step "$name waitthread np2 (EMA_CUDA_SPILL=y)" run_mpi_env 2 EMA_CUDA_SPILL=y \
+                "EMA_DEVICE_MEMORY=$((8 * seg))" "EMA_LEND_RESERVE=$((8 * seg))" EMA_SPILL=host \
+                "EMA_SPILL_SIZE=$((16 * seg))" EMA_PROGRESS_THREAD=y -- "$p" waitthread
         else
             echo "gpu-suite: $name not run: its walk's reclaim needs the cuda spill tier" \
                  "(--cuda-spill)"

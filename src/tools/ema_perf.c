@@ -1260,6 +1260,15 @@ static double perf_move_setup(perf_t *p, const char *what, ema_win_h wc, char *c
     return us;
 }
 
+/* reclaim, prefetch: repetitions of a size.  On the GPU a repetition of a
+ * GiB takes milliseconds, and 7 keep one slow launch-time repetition (the
+ * first, which imports the lender's memory) out of the median; on host
+ * memory one of a GiB takes seconds on a small machine. */
+static int perf_move_reps(const perf_t *p, size_t n)
+{
+    return p->gpu ? 7 : (n >= (1ul << 30) ? 3 : 5);
+}
+
 /* reclaim, prefetch, rank 0: the row's medians of @r repetitions, the copy
  * reference's (samples[IMPL_RAW]) and @what's (samples[IMPL_EMA]); with
  * --verbose, each repetition's figures too.  None where @r is 0. */
@@ -1312,7 +1321,7 @@ static int perf_measure_reclaim(perf_t *p, int op_index, size_t size, perf_row_t
     EMA_CHECK(ema_win_allocate(0, &wp, (void **)&c, &wc));
     EMA_CHECK(ema_barrier());
 
-    int reps = n >= (1ul << 30) ? 3 : 5;
+    int reps = perf_move_reps(p, n);
     perf_reserve_samples(p, (size_t)reps);
     char *tail = b + bsize - n; /* rank 0: the copy destination, then the migration target */
     int r;
@@ -1552,7 +1561,7 @@ static int perf_measure_prefetch(perf_t *p, int op_index, size_t size, perf_row_
     EMA_CHECK(ema_win_allocate(0, &wp, (void **)&c, &wc));
     EMA_CHECK(ema_barrier());
 
-    int reps = n >= (1ul << 30) ? 3 : 5, r = 0;
+    int reps = perf_move_reps(p, n), r = 0;
     if (p->rank == PERF_ORIGIN) {
         char *tail = b + bsize - n; /* the copy's destination */
         perf_reserve_samples(p, (size_t)reps);

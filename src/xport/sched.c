@@ -27,6 +27,18 @@
 #include <stdlib.h>
 #include <time.h>
 
+/* A nap of a wait that lasts milliseconds: leave the CPU to the peers
+ * doing the work, where the threads outnumber the cores (idle_mask 63:
+ * ema__xport_idle_mask below).  Where each has a core a nap only delays
+ * the wait's end: a 20 us nanosleep of an application thread lasts 20-70
+ * us (the default timer slack is 50 us), and a give-back arriving meanwhile
+ * waits for it.  On the H200 a 1 GiB reclaim took 605-625 us at the lender
+ * against about 540 us at the borrower from recall to give-back (ema_perf,
+ * debug log, session 9). */
+#define EMA_WAIT_NAP_AFTER 256
+#define EMA_WAIT_NAP_NS    20000
+#define EMA_WAIT_CROWDED   63u
+
 void ema__xport_idle(ema__xport_t *xp)
 {
     /* Spin a while before giving the core away: a yield is a system call,
@@ -52,17 +64,13 @@ void ema__xport_idle(ema__xport_t *xp)
 unsigned ema__xport_idle_mask(int size)
 {
     long cpus = ema__cpus_usable();
-    unsigned mask = (cpus > 0 && 2L * size <= cpus) ? 4095u : 63u;
+    unsigned mask = (cpus > 0 && 2L * size <= cpus) ? 4095u : EMA_WAIT_CROWDED;
     ema_debug("%ld cores for %d ranks and their progress threads: waiters yield every %u "
               "empty polls", cpus, size, mask + 1);
     return mask;
 }
 
 
-/* A nap of a wait that lasts milliseconds: leave the CPU to the peers
- * doing the work (the machine may have fewer cores than threads). */
-#define EMA_WAIT_NAP_AFTER 256
-#define EMA_WAIT_NAP_NS    20000
 
 unsigned ema__xport_wait_pass(ema__xport_t *xp, unsigned mode)
 {
@@ -82,7 +90,8 @@ void ema__xport_wait_idle(ema__xport_t *xp, unsigned mode, unsigned *idle)
     /* a dead peer ends the waits on it: looked for when a pass found
      * nothing to do, not on the passes of a wait that is moving */
     ema__xport_peers_check(xp);
-    if ((mode & EMA_WAIT_NAP) && ++*idle > EMA_WAIT_NAP_AFTER) {
+    if ((mode & EMA_WAIT_NAP) && xp->idle_mask == EMA_WAIT_CROWDED &&
+        ++*idle > EMA_WAIT_NAP_AFTER) {
         struct timespec ts = {0, EMA_WAIT_NAP_NS};
         nanosleep(&ts, NULL);
     } else {

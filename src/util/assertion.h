@@ -48,6 +48,7 @@ void ema__assert_fail(const char *file, int line, const char *func, const char *
 #define EMA_REQUIRES(...)          EMA_TSA_(requires_capability(__VA_ARGS__))
 #define EMA_EXCLUDES(...)          EMA_TSA_(locks_excluded(__VA_ARGS__))
 #define EMA_ACQUIRE(...)           EMA_TSA_(acquire_capability(__VA_ARGS__))
+#define EMA_TRY_ACQUIRE(...)       EMA_TSA_(try_acquire_capability(__VA_ARGS__))
 #define EMA_RELEASE(...)           EMA_TSA_(release_capability(__VA_ARGS__))
 #define EMA_ASSERT_CAPABILITY(...) EMA_TSA_(assert_capability(__VA_ARGS__))
 #define EMA_NO_THREAD_SAFETY_ANALYSIS EMA_TSA_(no_thread_safety_analysis)

@@ -416,29 +416,50 @@ EMA_EXPORT ema_status_t ema_win_stat(ema_win_h win, ema_win_stat_t *stat_p)
     ema__win_ctx_t *ctx   = win->ctx;
     ema__win_part_t *part = &win->parts[ctx->rank];
     ema_win_stat_t st;
-    memset(&st, 0, sizeof(st));
     EMA_WIN_ASSERT_UNLOCKED(win);
-    ema__win_lock(win);
-    uint32_t n = atomic_load(&part->nsegs);
-    st.size     = atomic_load(&part->size);
-    st.max_size = win->reserved;
-    for (uint32_t i = 0; i < n; i++) {
-        ema__loc_t l = atomic_load(&part->loc[i]);
-        size_t bytes = ctx->seg_size;
-        if (i == n - 1 && st.size % ctx->seg_size) {
-            bytes = st.size % ctx->seg_size; /* the part's bytes, not the segment's */
+    /* Never behind a migration: one holds the lock for its whole copy (a
+     * millisecond per GiB on a GPU), and a caller polling for its end used
+     * to sleep on the mutex and wake late.  Without the lock the counts are
+     * of the locations as they are (a moving segment at its old place or
+     * its new one, never neither: ema(7) MIGRATION), taken again while a
+     * grow or shrink changes the part under the count; bytes_wanted is as
+     * the last migration or stat under the lock left it. */
+    int locked = ema__win_trylock(win);
+    for (int tries = 0;; tries++) {
+        uint32_t n  = atomic_load(&part->nsegs);
+        size_t size = atomic_load(&part->size);
+        memset(&st, 0, sizeof(st));
+        st.size     = size;
+        st.max_size = win->reserved;
+        for (uint32_t i = 0; i < n; i++) {
+            ema__loc_t l = atomic_load(&part->loc[i]) & ~EMA_LOC_MOVING;
+            size_t bytes = ctx->seg_size;
+            if (i == n - 1 && size % ctx->seg_size) {
+                bytes = size % ctx->seg_size; /* the part's bytes, not the segment's */
+            }
+            if (EMA_LOC_TIER(l) == EMA_TIER_SPILL) {
+                st.bytes_spilled += bytes;
+            } else if (EMA_LOC_RANK(l) == ctx->rank) {
+                st.bytes_local += bytes;
+            } else {
+                st.bytes_borrowed += bytes;
+            }
         }
-        if (EMA_LOC_TIER(l) == EMA_TIER_SPILL) {
-            st.bytes_spilled += bytes;
-        } else if (EMA_LOC_RANK(l) == ctx->rank) {
-            st.bytes_local += bytes;
-        } else {
-            st.bytes_borrowed += bytes;
+        if (locked || (atomic_load(&part->nsegs) == n && atomic_load(&part->size) == size)) {
+            break;
+        }
+        if (tries == 2) {
+            ema__win_lock(win); /* the part keeps changing: wait, and count again */
+            locked = 1;
         }
     }
-    st.migrations = win->stats.migrations;
-    st.bytes_wanted = ema__win_wanted_bytes(win);
-    ema__win_unlock(win);
+    st.migrations = atomic_load(&win->stats.migrations);
+    if (locked) {
+        st.bytes_wanted = ema__win_wanted_bytes(win);
+        ema__win_unlock(win);
+    } else {
+        st.bytes_wanted = atomic_load(&win->stats.wanted_bytes);
+    }
     st.field_mask = known;
     /* every field up to reserved[], which a later version fills */
     memcpy(stat_p, &st, offsetof(ema_win_stat_t, reserved));

@@ -309,6 +309,7 @@ static void ema_win_note_wanted(ema_win_h win, int src, const uint32_t *segs, ui
         }
         st->wanted[st->nwanted++] = l;
     }
+    ema__win_wanted_bytes(win); /* st->wanted_bytes */
     ema_debug("window %u: %u borrowed segments of rank %d wanted back, nowhere to move them",
               win->id, n, src);
 }
@@ -336,6 +337,7 @@ size_t ema__win_wanted_bytes(ema_win_h win)
         bytes += (i == n - 1 && size % seg) ? size % seg : seg;
         k++;
     }
+    atomic_store(&ws->wanted_bytes, bytes);
     return bytes;
 }
 

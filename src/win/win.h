@@ -107,13 +107,16 @@ typedef struct ema__win_part {
 } ema__win_part_t;
 
 typedef struct ema__win_stats {
-    uint64_t migrations;
+    _Atomic uint64_t migrations; /* added to under the lock, read without */
     /* Borrowed segments of the own part that their lenders asked back and
      * that had nowhere to go (REFUSE), by location: ema_win_stat reports
      * those still in the part as bytes_wanted, and forgets the others.
-     * Under the window's lock; freed with the window. */
+     * Under the window's lock; freed with the window.  wanted_bytes is
+     * their bytes as ema__win_wanted_bytes last counted them, for an
+     * ema_win_stat that finds the lock taken (a migration). */
     ema__loc_t *wanted;
     uint32_t    nwanted, wanted_cap;
+    _Atomic size_t wanted_bytes;
 } ema__win_stats_t;
 
 /* Where ema__win_mem_ops.acquire may take memory from. */
@@ -366,6 +369,29 @@ static inline void ema__win_lock_at(struct ema_win *win, const char *file, int l
 #endif
 }
 
+/* Take win->lock if it is free: 1 if taken, 0 if another thread holds it. */
+static inline int ema__win_trylock_at(struct ema_win *win, const char *file, int line,
+                                      const char *func)
+    EMA_TRY_ACQUIRE(1, win->lock) EMA_NO_THREAD_SAFETY_ANALYSIS
+{
+#if EMA_ASSERTIONS
+    struct ema_win *held = ema__win_lock_held;
+    EMA_ASSERT_AT(held == NULL, file, line, func,
+                  "window %u: locking it while this thread holds window %u's lock (one "
+                  "window's lock at a time)", win->id, held ? held->id : 0);
+#endif
+    if (pthread_mutex_trylock(&win->lock) != 0) {
+        return 0;
+    }
+#if EMA_ASSERTIONS
+    atomic_store_explicit(&win->lock_owner, ema__win_self(), memory_order_relaxed);
+    ema__win_lock_held = win;
+#else
+    (void)file, (void)line, (void)func;
+#endif
+    return 1;
+}
+
 static inline void ema__win_unlock_at(struct ema_win *win, const char *file, int line,
                                       const char *func)
     EMA_RELEASE(win->lock) EMA_NO_THREAD_SAFETY_ANALYSIS
@@ -398,6 +424,7 @@ static inline void ema__win_assert_unlocked_at(const struct ema_win *win, const 
 
 #define ema__win_lock(_win)   ema__win_lock_at((_win), __FILE__, __LINE__, __func__)
 #define ema__win_unlock(_win) ema__win_unlock_at((_win), __FILE__, __LINE__, __func__)
+#define ema__win_trylock(_win) ema__win_trylock_at((_win), __FILE__, __LINE__, __func__)
 #define EMA_WIN_ASSERT_LOCKED(_win) \
     ema__win_assert_locked_at((_win), __FILE__, __LINE__, __func__)
 #define EMA_WIN_ASSERT_UNLOCKED(_win) \

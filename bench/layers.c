@@ -146,11 +146,18 @@ static int cmp_d(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
+/* Passes median_pass times (at most 64), and runs in all (one to warm up). */
+#define LAYERS_MAX_PASSES 64
+static int timed_passes(void)
+{
+    return passes < LAYERS_MAX_PASSES ? passes : LAYERS_MAX_PASSES;
+}
+
 /* The median of @passes passes, after one to warm up. */
 static double median_pass(ema_win_h win, char *base, int k, int policy)
 {
-    double t[64];
-    int n = passes < 64 ? passes : 64;
+    double t[LAYERS_MAX_PASSES];
+    int n = timed_passes();
     pass(win, base, k, policy);
     for (int i = 0; i < n; i++) {
         t[i] = pass(win, base, k, policy);
@@ -302,7 +309,7 @@ int main(int argc, char **argv)
                 ws.bytes_borrowed, ws.bytes_spilled, depth,
                 (pflags & EMA_WIN_POLICY_FLAG_READ_ONLY) ? ", read-only" : "",
                 (pflags & EMA_WIN_POLICY_FLAG_WAIT) ? ", wait" : "", reads,
-                reads > 1 ? "s" : "", passes);
+                reads > 1 ? "s" : "", timed_passes());
         const char *tier = ws.bytes_borrowed ? "borrowed" : "spilled";
         fprintf(out, "kind,away,layers,layer_bytes,depth,ops_per_word,flop_per_byte,local_ms,"
                 "none_ms,policy_ms,ratio_none,ratio_policy,policy_moved_mb_per_pass,"
@@ -315,11 +322,11 @@ int main(int argc, char **argv)
             CHECK(ema_win_policy_stat(we, &p0));
             acquire_ms   = 0;
             double t_pol = median_pass(we, be, ops[i], 1);
-            double t_acq = acquire_ms / (passes + 1);
+            double t_acq = acquire_ms / (timed_passes() + 1);
             CHECK(ema_win_policy_stat(we, &p1));
             double moved = (double)(p1.bytes_prefetched - p0.bytes_prefetched +
                                     p1.bytes_evicted - p0.bytes_evicted) /
-                           (1 << 20) / (passes + 1);
+                           (1 << 20) / (timed_passes() + 1);
             fprintf(out, "%s,%s,%zu,%zu,%u,%d,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%.1f,%" PRIu64 ",%d,%.3f\n",
                     cuda ? "cuda" : "host", tier, nlayers, layer_bytes, depth, ops[i],
                     2.0 * reads * ops[i] / 8, t_local[i], t_none, t_pol, t_local[i] / t_none,

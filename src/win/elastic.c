@@ -400,6 +400,38 @@ EMA_EXPORT ema_status_t ema_win_prefetch(ema_win_h win, size_t offset, size_t le
     return EMA_SUCCESS;
 }
 
+/* ema_win_stat's counts of the own part's locations; 0 if the part was
+ * caught between a grow's or a shrink's stores of its segment count and its
+ * size (only without the lock). */
+static int ema_win_stat_count(ema_win_h win, ema_win_stat_t *st)
+{
+    ema__win_ctx_t *ctx   = win->ctx;
+    ema__win_part_t *part = &win->parts[ctx->rank];
+    size_t seg  = ctx->seg_size;
+    uint32_t n  = atomic_load(&part->nsegs);
+    size_t size = atomic_load(&part->size);
+
+    memset(st, 0, sizeof(*st));
+    st->size     = size;
+    st->max_size = win->reserved;
+    for (uint32_t i = 0; i < n; i++) {
+        ema__loc_t l = atomic_load(&part->loc[i]) & ~EMA_LOC_MOVING;
+        size_t bytes = seg;
+        if (i == n - 1 && size % seg) {
+            bytes = size % seg; /* the part's bytes, not the segment's */
+        }
+        if (EMA_LOC_TIER(l) == EMA_TIER_SPILL) {
+            st->bytes_spilled += bytes;
+        } else if (EMA_LOC_RANK(l) == ctx->rank) {
+            st->bytes_local += bytes;
+        } else {
+            st->bytes_borrowed += bytes;
+        }
+    }
+    return n == (size + seg - 1) / seg && atomic_load(&part->nsegs) == n &&
+           atomic_load(&part->size) == size;
+}
+
 EMA_EXPORT ema_status_t ema_win_stat(ema_win_h win, ema_win_stat_t *stat_p)
 {
     ema_status_t status = ema__win_check_live_out(win, stat_p);
@@ -413,8 +445,6 @@ EMA_EXPORT ema_status_t ema_win_stat(ema_win_h win, ema_win_stat_t *stat_p)
                            EMA_WIN_STAT_FIELD_BYTES_LOCAL | EMA_WIN_STAT_FIELD_BYTES_BORROWED |
                            EMA_WIN_STAT_FIELD_BYTES_SPILLED | EMA_WIN_STAT_FIELD_MIGRATIONS |
                            EMA_WIN_STAT_FIELD_BYTES_WANTED;
-    ema__win_ctx_t *ctx   = win->ctx;
-    ema__win_part_t *part = &win->parts[ctx->rank];
     ema_win_stat_t st;
     EMA_WIN_ASSERT_UNLOCKED(win);
     /* Never behind a migration: one holds the lock for its whole copy (a
@@ -422,44 +452,27 @@ EMA_EXPORT ema_status_t ema_win_stat(ema_win_h win, ema_win_stat_t *stat_p)
      * to sleep on the mutex and wake late.  Without the lock the counts are
      * of the locations as they are (a moving segment at its old place or
      * its new one, never neither: ema(7) MIGRATION), taken again while a
-     * grow or shrink changes the part under the count; bytes_wanted is as
-     * the last migration or stat under the lock left it. */
-    int locked = ema__win_trylock(win);
-    for (int tries = 0;; tries++) {
-        uint32_t n  = atomic_load(&part->nsegs);
-        size_t size = atomic_load(&part->size);
-        memset(&st, 0, sizeof(st));
-        st.size     = size;
-        st.max_size = win->reserved;
-        for (uint32_t i = 0; i < n; i++) {
-            ema__loc_t l = atomic_load(&part->loc[i]) & ~EMA_LOC_MOVING;
-            size_t bytes = ctx->seg_size;
-            if (i == n - 1 && size % ctx->seg_size) {
-                bytes = size % ctx->seg_size; /* the part's bytes, not the segment's */
-            }
-            if (EMA_LOC_TIER(l) == EMA_TIER_SPILL) {
-                st.bytes_spilled += bytes;
-            } else if (EMA_LOC_RANK(l) == ctx->rank) {
-                st.bytes_local += bytes;
-            } else {
-                st.bytes_borrowed += bytes;
-            }
-        }
-        if (locked || (atomic_load(&part->nsegs) == n && atomic_load(&part->size) == size)) {
-            break;
-        }
-        if (tries == 2) {
-            ema__win_lock(win); /* the part keeps changing: wait, and count again */
-            locked = 1;
-        }
-    }
-    st.migrations = atomic_load(&win->stats.migrations);
-    if (locked) {
+     * grow or shrink is between its stores of the part's segments and size;
+     * bytes_wanted is as the last change under the lock left it. */
+    if (ema__win_trylock(win)) {
+        ema_win_stat_count(win, &st);
         st.bytes_wanted = ema__win_wanted_bytes(win);
         ema__win_unlock(win);
     } else {
-        st.bytes_wanted = atomic_load(&win->stats.wanted_bytes);
+        int tries = 0;
+        while (!ema_win_stat_count(win, &st) && ++tries < 3) {
+        }
+        if (tries == 3) {
+            /* a grow or shrink keeps changing the part: wait for it */
+            ema__win_lock(win);
+            ema_win_stat_count(win, &st);
+            st.bytes_wanted = ema__win_wanted_bytes(win);
+            ema__win_unlock(win);
+        } else {
+            st.bytes_wanted = atomic_load(&win->stats.wanted_bytes);
+        }
     }
+    st.migrations = atomic_load(&win->stats.migrations);
     st.field_mask = known;
     /* every field up to reserved[], which a later version fills */
     memcpy(stat_p, &st, offsetof(ema_win_stat_t, reserved));

@@ -302,7 +302,7 @@ static void ema_win_note_wanted(ema_win_h win, int src, const uint32_t *segs, ui
             ema__loc_t *w = realloc(st->wanted, cap * sizeof(*w));
             if (w == NULL) {
                 ema_warn("out of memory noting segments wanted back: bytes_wanted is short");
-                return;
+                break;
             }
             st->wanted     = w;
             st->wanted_cap = cap;

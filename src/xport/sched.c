@@ -14,7 +14,8 @@
  *   EMA_WAIT_LONG   the worker, quick jobs and one long job per pass
  *
  * with EMA_WAIT_NAP added for waits of milliseconds (a reclaim waiting for
- * copies), which then sleep a little once nothing happens.  Every wait has
+ * copies), which then sleep a little once nothing happens, where the
+ * threads outnumber the cores.  Every wait has
  * a deadline (0: none) and returns EMA_ERR_TIMEOUT past it.  The progress
  * thread (progress/) runs the same passes, with its own idle policy.
  */
@@ -28,16 +29,15 @@
 #include <time.h>
 
 /* A nap of a wait that lasts milliseconds: leave the CPU to the peers
- * doing the work, where the threads outnumber the cores (idle_mask 63:
- * ema__xport_idle_mask below).  Where each has a core a nap only delays
- * the wait's end: a 20 us nanosleep of an application thread lasts 20-70
- * us (the default timer slack is 50 us), and a give-back arriving meanwhile
+ * doing the work, where the threads outnumber the cores (xp->crowded:
+ * ema__xport_crowded below).  Where each has a core a nap only delays the
+ * wait's end: a 20 us nanosleep of an application thread lasts 20-70 us
+ * (the default timer slack is 50 us), and a give-back arriving meanwhile
  * waits for it.  On the H200 a 1 GiB reclaim took 605-625 us at the lender
  * against about 540 us at the borrower from recall to give-back (ema_perf,
  * debug log, session 9). */
 #define EMA_WAIT_NAP_AFTER 256
 #define EMA_WAIT_NAP_NS    20000
-#define EMA_WAIT_CROWDED   63u
 
 void ema__xport_idle(ema__xport_t *xp)
 {
@@ -61,16 +61,15 @@ void ema__xport_idle(ema__xport_t *xp)
  * empty polls, which still lets a stray thread run now and then.  The
  * cores are those of the affinity mask, fewer if a CPU quota grants fewer.
  */
-unsigned ema__xport_idle_mask(int size)
+int ema__xport_crowded(int size)
 {
     long cpus = ema__cpus_usable();
-    unsigned mask = (cpus > 0 && 2L * size <= cpus) ? 4095u : EMA_WAIT_CROWDED;
+    int crowded = !(cpus > 0 && 2L * size <= cpus);
     ema_debug("%ld cores for %d ranks and their progress threads: waiters yield every %u "
-              "empty polls", cpus, size, mask + 1);
-    return mask;
+              "empty polls%s", cpus, size, crowded ? 64u : 4096u,
+              crowded ? ", a reclaim's wait naps" : "");
+    return crowded;
 }
-
-
 
 unsigned ema__xport_wait_pass(ema__xport_t *xp, unsigned mode)
 {
@@ -90,8 +89,7 @@ void ema__xport_wait_idle(ema__xport_t *xp, unsigned mode, unsigned *idle)
     /* a dead peer ends the waits on it: looked for when a pass found
      * nothing to do, not on the passes of a wait that is moving */
     ema__xport_peers_check(xp);
-    if ((mode & EMA_WAIT_NAP) && xp->idle_mask == EMA_WAIT_CROWDED &&
-        ++*idle > EMA_WAIT_NAP_AFTER) {
+    if ((mode & EMA_WAIT_NAP) && xp->crowded && ++*idle > EMA_WAIT_NAP_AFTER) {
         struct timespec ts = {0, EMA_WAIT_NAP_NS};
         nanosleep(&ts, NULL);
     } else {
@@ -132,7 +130,8 @@ void ema__xport_wait_step(ema__xport_t *xp, unsigned mode)
 
 void ema__xport_sched_init(ema__xport_t *xp)
 {
-    xp->idle_mask = ema__xport_idle_mask(xp->size);
+    xp->crowded   = ema__xport_crowded(xp->size);
+    xp->idle_mask = xp->crowded ? 63u : 4095u;
     pthread_mutex_init(&xp->defer_lock, NULL);
     for (int q = 0; q < 2; q++) {
         xp->defer_head[q] = NULL;

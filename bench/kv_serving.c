@@ -541,8 +541,10 @@ static void usage(void)
         "  --prompt MED,SIGMA,MIN,MAX --output MED,SIGMA,MIN,MAX   lognormal lengths\n"
         "  --lengths FILE      (prompt, output) pairs instead\n"
         "  --max-seqs N --max-prefill N --watermark X   scheduler (256, 4096, 0.01)\n"
-        "  --shrink-keep N     elastic: free segments kept at the end (0)\n"
-        "  --shrink-after-ms X elastic: give back only what was unused this long (500)\n"
+        "  --shrink-keep N     elastic: free segments kept at the end (2; 0 while a peer\n"
+        "                      is short of memory: ema_mem_stat's bytes_unmet rose)\n"
+        "  --shrink-after-ms X elastic: give back only what was unused this long (1000;\n"
+        "                      half while a peer is short)\n"
         "  --backoff-ms A,B    elastic: retry a failed grow after A ms, doubling up to B\n"
         "                      (5,320; after a refusal always A)\n"
         "  --hold-ms X         elastic: no grow for X ms after a give-back (50)\n"
@@ -626,6 +628,7 @@ static int parse_args(kv_params_t *p, int argc, char **argv)
         else if (!strcmp(a, "--watermark")) p->watermark = atof(v);
         else if (!strcmp(a, "--shrink-keep")) p->shrink_keep = atoi(v);
         else if (!strcmp(a, "--shrink-after-ms")) p->shrink_after_s = atof(v) * 1e-3;
+        else if (!strcmp(a, "--eager")) sscanf(v, "%d,%d", &p->eager_keep, &p->eager_buckets);
         else if (!strcmp(a, "--backoff-ms"))
             sscanf(v, "%lf,%lf", &p->grow_backoff_s, &p->grow_backoff_max_s);
         else if (!strcmp(a, "--hold-ms")) p->giveback_hold_s = atof(v) * 1e-3;
@@ -671,14 +674,13 @@ int main(int argc, char **argv)
     p->max_seqs = 256;
     p->max_prefill_tokens = 4096;
     p->watermark = 0.01;
-    /* Idle memory goes back at once: no spare segments kept, and only the
-     * peak of the last 0.5 s.  With 2 spare segments and 1 s (before
-     * 2026-12-03) each rank held up to 4 of its 8 segments idle, a quarter
-     * of the node's memory that a hot rank could not reach (EMA recalls
-     * only lent memory); the host model of the cuda preset (5 seeds) went
-     * from 0.81x to 0.94x the oracle's hot-phase throughput (doc/kv_serving.md). */
-    p->shrink_keep = 0;
-    p->shrink_after_s = 0.5;
+    /* Calm: 2 spare segments and the peak of the last second; while a peer
+     * is short (ema_mem_stat's bytes_unmet), none and half a second
+     * (kv_cache.c, kv_cache_maintain). */
+    p->shrink_keep = 2;
+    p->shrink_after_s = 1;
+    p->eager_keep = 0;
+    p->eager_buckets = 4;
     p->grow_backoff_s = 5;
     p->grow_backoff_max_s = 320;
     p->giveback_hold_s = 0.05;

@@ -57,6 +57,8 @@ typedef struct {
     double   watermark;   /* free blocks kept at admission, fraction of C */
     int      shrink_keep; /* elastic: free segments kept at the part's end */
     double   shrink_after_s; /* elastic: give back what was not needed for this long */
+    int      eager_keep;     /* elastic, while a peer is short: shrink_keep then */
+    int      eager_buckets;  /* ... and the peak over this many eighths of shrink_after_s */
     double   grow_backoff_s, grow_backoff_max_s;
     double   giveback_hold_s;
     /* step model (virtual clock of the host kind; rates of every kind) */

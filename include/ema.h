@@ -564,7 +564,8 @@ enum {
     EMA_MEM_STAT_FIELD_RECLAIM_LAST_US = 1ull << 10,
     EMA_MEM_STAT_FIELD_RECLAIM_MAX_US  = 1ull << 11,
     EMA_MEM_STAT_FIELD_MEMORY_KIND     = 1ull << 12,
-    EMA_MEM_STAT_FIELD_DEVICE          = 1ull << 13
+    EMA_MEM_STAT_FIELD_DEVICE          = 1ull << 13,
+    EMA_MEM_STAT_FIELD_BYTES_UNMET     = 1ull << 14
 };
 
 /**
@@ -587,7 +588,8 @@ typedef struct {
     double   reclaim_max_us;   /**< longest reclaim */
     ema_memory_kind_t memory_kind; /**< host or cuda: what window base pointers point to */
     int      device;           /**< cuda: the CUDA device ordinal in use; host: -1 */
-    uint64_t reserved[8];      /**< room for later fields; this version leaves it alone */
+    uint64_t bytes_unmet;      /**< peers asked to borrow and this rank had none to lend */
+    uint64_t reserved[7];      /**< room for later fields; this version leaves it alone */
 } ema_mem_stat_t;
 
 /**

@@ -61,7 +61,7 @@ EMA_EXPORT ema_status_t ema_mem_stat(ema_mem_stat_t *stat_p)
                            EMA_MEM_STAT_FIELD_RECLAIMS | EMA_MEM_STAT_FIELD_BYTES_MIGRATED |
                            EMA_MEM_STAT_FIELD_RECLAIM_LAST_US |
                            EMA_MEM_STAT_FIELD_RECLAIM_MAX_US | EMA_MEM_STAT_FIELD_MEMORY_KIND |
-                           EMA_MEM_STAT_FIELD_DEVICE;
+                           EMA_MEM_STAT_FIELD_DEVICE | EMA_MEM_STAT_FIELD_BYTES_UNMET;
     ema__pool_t *pool = ema__pool_world;
     size_t seg = pool->win->seg_size;
     ema__seg_pool_t *sp = &pool->arena->pool;
@@ -85,6 +85,7 @@ EMA_EXPORT ema_status_t ema_mem_stat(ema_mem_stat_t *stat_p)
     st.reclaim_max_us  = pool->reclaim_max_us;
     st.memory_kind     = pool->arena->ops->kind;
     st.device          = (st.memory_kind == EMA_MEMORY_KIND_CUDA) ? pool->arena->device : -1;
+    st.bytes_unmet     = atomic_load(&pool->bytes_unmet);
     st.field_mask = known;
     /* every field up to reserved[], which a later version fills */
     memcpy(stat_p, &st, offsetof(ema_mem_stat_t, reserved));

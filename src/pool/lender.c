@@ -51,6 +51,11 @@ static void ema_pool_grant(ema__pool_t *pool, int src, const ema_pool_msg_t *req
     }
     uint64_t left = ema__pool_lendable_locked(pool);
     pthread_mutex_unlock(&pool->lock);
+    if (k < want) {
+        /* ema_mem_stat's bytes_unmet: a peer is short of memory that this
+         * rank may hold idle in its own windows */
+        atomic_fetch_add(&pool->bytes_unmet, (uint64_t)(want - k) * pool->win->seg_size);
+    }
 
     memset(&m, 0, sizeof(m));
     m.type  = EMA_POOL_MSG_GRANT;

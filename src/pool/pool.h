@@ -77,6 +77,7 @@ typedef struct ema__pool {
     atomic_uint        borrowed_segs;
     atomic_uint        spilled_segs;
     _Atomic uint64_t   reclaims;
+    _Atomic uint64_t   bytes_unmet;  /* peers' borrow requests this rank could not meet */
     double             reclaim_last_us;
     double             reclaim_max_us;
 } ema__pool_t;

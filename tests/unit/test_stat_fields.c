@@ -23,7 +23,7 @@
 #define JUNK64  0x5e5e5e5e5e5e5e5eull
 
 #define WIN_ALL ((1ull << 7) - 1)  /* the 7 fields of ema_win_stat_t */
-#define MEM_ALL ((1ull << 14) - 1) /* the 14 fields of ema_mem_stat_t */
+#define MEM_ALL ((1ull << 15) - 1) /* the 15 fields of ema_mem_stat_t */
 
 static ema_win_h win;
 
@@ -98,9 +98,13 @@ EMA_TEST("field_mask", test_stat_field_bits_and_layout_never_change)
     ck_assert_uint_eq(EMA_MEM_STAT_FIELD_RECLAIM_MAX_US, 1ull << 11);
     ck_assert_uint_eq(EMA_MEM_STAT_FIELD_MEMORY_KIND, 1ull << 12);
     ck_assert_uint_eq(EMA_MEM_STAT_FIELD_DEVICE, 1ull << 13);
+    ck_assert_uint_eq(EMA_MEM_STAT_FIELD_BYTES_UNMET, 1ull << 14);
     /* the room for later fields is at the end */
     ck_assert_uint_ge(sizeof(((ema_win_stat_t *)0)->reserved), 8 * sizeof(uint64_t));
-    ck_assert_uint_ge(sizeof(((ema_mem_stat_t *)0)->reserved), 8 * sizeof(uint64_t));
+    /* bytes_unmet took reserved[0] of the first layout: the size stays */
+    ck_assert_uint_ge(sizeof(((ema_mem_stat_t *)0)->reserved), 7 * sizeof(uint64_t));
+    ck_assert_uint_eq(offsetof(ema_mem_stat_t, reserved) - offsetof(ema_mem_stat_t, bytes_unmet),
+                      sizeof(uint64_t));
     ck_assert_uint_eq(offsetof(ema_win_stat_t, reserved) + sizeof(((ema_win_stat_t *)0)->reserved),
                       sizeof(ema_win_stat_t));
     ck_assert_uint_eq(offsetof(ema_mem_stat_t, reserved) + sizeof(((ema_mem_stat_t *)0)->reserved),

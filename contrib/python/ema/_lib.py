@@ -185,6 +185,8 @@ MEM_STAT_FIELDS = [
     ("reclaim_max_us", ctypes.c_double), ("memory_kind", ctypes.c_int),
     ("device", ctypes.c_int),
 ]
+# Fields added after the field_mask layout, each in a reserved[] word.
+MEM_STAT_LATER = [("bytes_unmet", c_uint64)]
 # ABI room: ema.h now puts a uint64_t field_mask (in: fields wanted, 0 = all;
 # out: fields written, one bit per field in the order above) before those
 # fields and uint64_t reserved[8] after them; libema builds from before that
@@ -206,7 +208,8 @@ WinPolicyStat = _struct("WinPolicyStat",
 STAT_LAYOUTS = {
     "plain": (_struct("WinStat", WIN_STAT_FIELDS), _struct("MemStat", MEM_STAT_FIELDS)),
     "field_mask": (_struct("WinStatM", _ROOM_HEAD + WIN_STAT_FIELDS + _ROOM_TAIL),
-                   _struct("MemStatM", _ROOM_HEAD + MEM_STAT_FIELDS + _ROOM_TAIL)),
+                   _struct("MemStatM", _ROOM_HEAD + MEM_STAT_FIELDS + MEM_STAT_LATER +
+                           [("reserved", c_uint64 * (8 - len(MEM_STAT_LATER)))])),
 }
 _stat_layout = None
 

@@ -331,15 +331,15 @@ def reclaim_release(nbytes):
 
 
 def _to_dataclass(cls, st):
-    kw = {f.name: getattr(st, f.name) for f in _dc_fields(cls) if f.name != "field_mask"}
-    kw["field_mask"] = getattr(st, "field_mask", None)
-    return cls(**kw)
+    # a field the library's layout lacks (field_mask, a later field) is None
+    return cls(**{f.name: getattr(st, f.name, None) for f in _dc_fields(cls)})
 
 
-def _stat_dataclass(name, fields, doc):
+def _stat_dataclass(name, fields, doc, later=()):
     from dataclasses import make_dataclass
     types = {"c_double": float}
     spec = [(n, types.get(t.__name__, int)) for n, t in fields]
+    spec += [(n, Optional[types.get(t.__name__, int)], None) for n, t in later]
     spec.append(("field_mask", Optional[int], None))
     cls = make_dataclass(name, spec, frozen=True)
     cls.__doc__ = doc
@@ -355,7 +355,8 @@ WinStat = _stat_dataclass(
 MemStat = _stat_dataclass(
     "MemStat", _lib.MEM_STAT_FIELDS,
     "ema_mem_stat_t: this rank's memory and its lending (ema_mem_stat(3)). "
-    "field_mask is the bits of the fields written where ema.h has it, else None.")
+    "field_mask is the bits of the fields written where ema.h has it, else None; "
+    "bytes_unmet is None with a libema from before it.", later=_lib.MEM_STAT_LATER)
 
 
 PolicyStat = _stat_dataclass(

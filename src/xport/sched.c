@@ -14,8 +14,7 @@
  *   EMA_WAIT_LONG   the worker, quick jobs and one long job per pass
  *
  * with EMA_WAIT_NAP added for waits of milliseconds (a reclaim waiting for
- * copies), which then sleep a little once nothing happens, where the
- * threads outnumber the cores.  Every wait has
+ * copies), which then sleep a little once nothing happens.  Every wait has
  * a deadline (0: none) and returns EMA_ERR_TIMEOUT past it.  The progress
  * thread (progress/) runs the same passes, with its own idle policy.
  */
@@ -29,13 +28,13 @@
 #include <time.h>
 
 /* A nap of a wait that lasts milliseconds: leave the CPU to the peers
- * doing the work, where the threads outnumber the cores (xp->crowded:
- * ema__xport_crowded below).  Where each has a core a nap only delays the
- * wait's end: a 20 us nanosleep of an application thread lasts 20-70 us
- * (the default timer slack is 50 us), and a give-back arriving meanwhile
- * waits for it.  On the H200 a 1 GiB reclaim took 605-625 us at the lender
- * against about 540 us at the borrower from recall to give-back (ema_perf,
- * debug log, session 9). */
+ * doing the work.  Tried in session 10: napping only where the threads
+ * outnumber the cores (a 20 us nanosleep lasts up to 70 us with the default
+ * timer slack, and a give-back arriving meanwhile waits for it) made a
+ * 1 GiB reclaim on the H200 slower, not faster (ema_perf, 5 launches:
+ * 0.73x a copy against 0.83x; the borrower's unmaps and maps took 250 us
+ * instead of 170 while the lender spun), and the KV benchmark's lenders
+ * waited far longer (doc/performance.md): every reclaim naps again. */
 #define EMA_WAIT_NAP_AFTER 256
 #define EMA_WAIT_NAP_NS    20000
 
@@ -66,8 +65,7 @@ int ema__xport_crowded(int size)
     long cpus = ema__cpus_usable();
     int crowded = !(cpus > 0 && 2L * size <= cpus);
     ema_debug("%ld cores for %d ranks and their progress threads: waiters yield every %u "
-              "empty polls%s", cpus, size, crowded ? 64u : 4096u,
-              crowded ? ", a reclaim's wait naps" : "");
+              "empty polls", cpus, size, crowded ? 64u : 4096u);
     return crowded;
 }
 
@@ -89,7 +87,7 @@ void ema__xport_wait_idle(ema__xport_t *xp, unsigned mode, unsigned *idle)
     /* a dead peer ends the waits on it: looked for when a pass found
      * nothing to do, not on the passes of a wait that is moving */
     ema__xport_peers_check(xp);
-    if ((mode & EMA_WAIT_NAP) && xp->crowded && ++*idle > EMA_WAIT_NAP_AFTER) {
+    if ((mode & EMA_WAIT_NAP) && ++*idle > EMA_WAIT_NAP_AFTER) {
         struct timespec ts = {0, EMA_WAIT_NAP_NS};
         nanosleep(&ts, NULL);
     } else {

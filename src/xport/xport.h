@@ -117,7 +117,7 @@ typedef struct ema__xport {
     ema__xport_config_t cfg;
     size_t              request_size; /* user space in each UCX request */
     unsigned            idle_mask;    /* ema__xport_idle yields every idle_mask+1 calls */
-    int                 crowded;      /* threads outnumber cores: EMA_WAIT_NAP naps */
+    int                 crowded;      /* threads outnumber cores: yield more often */
 
     struct {
         ema__am_handler_cb cb;
@@ -277,9 +277,8 @@ void         ema__xport_wait_step(ema__xport_t *xp, unsigned mode);
 /* One pass: what it progressed and ran (0: nothing), no idling. */
 unsigned     ema__xport_wait_pass(ema__xport_t *xp, unsigned mode);
 /* The waiters' idle policy after an empty pass: yield now and then (see
- * ema__xport_idle), or with EMA_WAIT_NAP, where the threads outnumber the
- * cores (xp->crowded), sleep once @idle empty passes pile up; *@idle counts
- * them (reset it after a pass that did something). */
+ * ema__xport_idle), or with EMA_WAIT_NAP sleep once @idle empty passes
+ * pile up; *@idle counts them (reset it after a pass that did something). */
 void         ema__xport_wait_idle(ema__xport_t *xp, unsigned mode, unsigned *idle);
 void         ema__xport_sched_init(ema__xport_t *xp);
 void         ema__xport_sched_cleanup(ema__xport_t *xp);
@@ -351,8 +350,7 @@ int      ema__xport_waiter_call(ema__xport_t *xp, uint64_t id, unsigned kind,
 void ema__xport_idle(ema__xport_t *xp);
 /* Whether @size ranks and their progress threads outnumber the cores this
  * process may use (a fractional CPU quota counts as its ceiling): then
- * ema__xport_idle yields every 64 empty polls, else every 4096, and
- * EMA_WAIT_NAP naps. */
+ * ema__xport_idle yields every 64 empty polls, else every 4096. */
 int ema__xport_crowded(int size);
 /* The handler table's cells, one per AM id (xport/am.c). */
 extern ema__xport_t *ema__xport_am_self[EMA_AM_MAX];

@@ -100,7 +100,9 @@ class TestWorld(unittest.TestCase):
             w = ema.Window.allocate(MiB)
             self.addCleanup(w.free)
             self.assertEqual(w.stat().field_mask, (1 << len(_lib.WIN_STAT_FIELDS)) - 1)
-            self.assertEqual(ema.mem_stat().field_mask, (1 << len(_lib.MEM_STAT_FIELDS)) - 1)
+            nmem = len(_lib.MEM_STAT_FIELDS) + len(_lib.MEM_STAT_LATER)
+            self.assertEqual(ema.mem_stat().field_mask, (1 << nmem) - 1)
+            self.assertIsNotNone(ema.mem_stat().bytes_unmet)
             for cls, fields in zip(_lib.STAT_LAYOUTS["field_mask"],
                                    (_lib.WIN_STAT_FIELDS, _lib.MEM_STAT_FIELDS)):
                 self.assertEqual(ctypes.sizeof(cls), 8 + ctypes.sizeof(

@@ -541,10 +541,11 @@ static void usage(void)
         "  --prompt MED,SIGMA,MIN,MAX --output MED,SIGMA,MIN,MAX   lognormal lengths\n"
         "  --lengths FILE      (prompt, output) pairs instead\n"
         "  --max-seqs N --max-prefill N --watermark X   scheduler (256, 4096, 0.01)\n"
-        "  --shrink-keep N     elastic: free segments kept at the end (2; 0 while a peer\n"
-        "                      is short of memory: ema_mem_stat's bytes_unmet rose)\n"
-        "  --shrink-after-ms X elastic: give back only what was unused this long (1000;\n"
-        "                      half while a peer is short)\n"
+        "  --shrink-keep N     elastic: free segments kept at the end (2)\n"
+        "  --shrink-after-ms X elastic: give back only what was unused this long (1000)\n"
+        "  --eager KEEP,EIGHTHS  elastic, while a peer is short of memory (ema_mem_stat's\n"
+        "                      bytes_unmet rose in the last shrink-after): KEEP spare\n"
+        "                      segments and the peak of EIGHTHS/8 of shrink-after (0,4)\n"
         "  --backoff-ms A,B    elastic: retry a failed grow after A ms, doubling up to B\n"
         "                      (5,320; after a refusal always A)\n"
         "  --hold-ms X         elastic: no grow for X ms after a give-back (50)\n"
@@ -628,7 +629,14 @@ static int parse_args(kv_params_t *p, int argc, char **argv)
         else if (!strcmp(a, "--watermark")) p->watermark = atof(v);
         else if (!strcmp(a, "--shrink-keep")) p->shrink_keep = atoi(v);
         else if (!strcmp(a, "--shrink-after-ms")) p->shrink_after_s = atof(v) * 1e-3;
-        else if (!strcmp(a, "--eager")) sscanf(v, "%d,%d", &p->eager_keep, &p->eager_buckets);
+        else if (!strcmp(a, "--eager")) {
+            if (v == NULL || sscanf(v, "%d,%d", &p->eager_keep, &p->eager_buckets) != 2 ||
+                p->eager_keep < 0 || p->eager_buckets < 1 || p->eager_buckets > 8) {
+                fprintf(stderr, "kv_serving: --eager wants KEEP,EIGHTHS with KEEP >= 0 and "
+                        "EIGHTHS 1..8, not %s\n", v);
+                return -1;
+            }
+        }
         else if (!strcmp(a, "--backoff-ms"))
             sscanf(v, "%lf,%lf", &p->grow_backoff_s, &p->grow_backoff_max_s);
         else if (!strcmp(a, "--hold-ms")) p->giveback_hold_s = atof(v) * 1e-3;

@@ -515,18 +515,6 @@ static ema_status_t cuda_peer_fd(int32_t pid, int64_t handle, int *fd_p)
     return EMA_SUCCESS;
 }
 
-/*
- * Peer @pid's segment exported as fd @handle, as a handle of ours: imported
- * on first use and kept until the arena is destroyed.  A window's mapping
- * and the direct path's mirror then share one import, a later map of the
- * same segment (a borrow again, a migration's remap) skips the fd and the
- * import (about 0.75 ms, doc/performance.md), and an unmap never drops the
- * last hold on an imported allocation (a 1 GiB prefetch's unmap of four
- * such mappings: 274 us with the hold dropped, 179 us kept, on an H200,
- * doc/performance.md).  The memory is the
- * peer's arena, alive for the peer's life anyway: keeping the import costs
- * no memory.
- */
 /* The cache entry of @pid's segment @handle, or -1.  Requires import_lock. */
 static int64_t cuda_import_find(const ema_cuda_arena_t *ca, int32_t pid, int64_t handle)
 {
@@ -538,6 +526,17 @@ static int64_t cuda_import_find(const ema_cuda_arena_t *ca, int32_t pid, int64_t
     return -1;
 }
 
+/*
+ * Peer @pid's segment exported as fd @handle, as a handle of ours: imported
+ * on first use and kept until the arena is destroyed.  A window's mapping
+ * and the direct path's mirror then share one import, a later map of the
+ * same segment (a borrow again, a migration's remap) skips the fd and the
+ * import (about 0.75 ms, doc/performance.md), and an unmap never drops the
+ * last hold on an imported allocation (a 1 GiB prefetch's unmap of four
+ * such mappings: 274 us with the hold dropped, 179 us kept, on an H200,
+ * doc/performance.md).  The memory is the peer's arena, alive for the
+ * peer's life anyway: keeping the import costs no memory.
+ */
 static ema_status_t cuda_import(ema_cuda_arena_t *ca, int32_t pid, int64_t handle,
                                 CUmemGenericAllocationHandle *h_p)
 {

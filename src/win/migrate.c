@@ -27,7 +27,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-
 /* Runs of consecutive indices in @idx (sorted): first[] and count[]. */
 static uint32_t ema_win_runs(const uint32_t *idx, uint32_t n, uint32_t *first, uint32_t *count)
 {
@@ -43,7 +42,6 @@ static uint32_t ema_win_runs(const uint32_t *idx, uint32_t n, uint32_t *first, u
     }
     return nruns;
 }
-
 
 /* The hand-over of a recall (EMA_WIN_MOVE_HANDOVER_FIRST): once the copied
  * segments' window ranges are unmapped (segment_table.c), their new

@@ -636,9 +636,9 @@ static uint64_t *policy_span_make(const ema__win_policy_t *pol, size_t seg)
     }
     sp[0] = 0;
     for (uint32_t g = 0; g < pol->count; g++) {
-        const ema_win_range_t *r = &pol->ranges[g];
-        uint64_t first = r->offset / seg, end = (r->offset + r->length + seg - 1) / seg;
-        sp[1 + g] = (first << 32) | (end & 0xffffffffu);
+        uint32_t first = 0, last = 0;
+        policy_segs(&pol->ranges[g], seg, UINT32_MAX, &first, &last);
+        sp[1 + g] = ((uint64_t)first << 32) | ((uint64_t)last + 1);
     }
     return sp;
 }

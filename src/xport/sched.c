@@ -28,13 +28,13 @@
 #include <time.h>
 
 /* A nap of a wait that lasts milliseconds: leave the CPU to the peers
- * doing the work.  Tried in session 10: napping only where the threads
- * outnumber the cores (a 20 us nanosleep lasts up to 70 us with the default
- * timer slack, and a give-back arriving meanwhile waits for it) made a
- * 1 GiB reclaim on the H200 slower, not faster (ema_perf, 5 launches:
- * 0.73x a copy against 0.83x; the borrower's unmaps and maps took 250 us
- * instead of 170 while the lender spun), and the KV benchmark's lenders
- * waited far longer (doc/performance.md): every reclaim naps again. */
+ * doing the work.  Tried in session 10: not napping where every thread has
+ * a core (a 20 us nanosleep lasts up to 70 us with the default timer
+ * slack, and a give-back arriving meanwhile waits for it).  On the H200 it
+ * showed no gain: a 1 GiB reclaim ran at 0.73x a copy's speed with it
+ * (5 launches), 0.78x after going back, 0.83x in session 9; the borrower's
+ * unmaps took 216-271 us instead of 168-174 while the lender spun
+ * (doc/performance.md).  So every reclaim naps. */
 #define EMA_WAIT_NAP_AFTER 256
 #define EMA_WAIT_NAP_NS    20000
 
@@ -60,13 +60,13 @@ void ema__xport_idle(ema__xport_t *xp)
  * empty polls, which still lets a stray thread run now and then.  The
  * cores are those of the affinity mask, fewer if a CPU quota grants fewer.
  */
-int ema__xport_crowded(int size)
+unsigned ema__xport_idle_mask(int size)
 {
     long cpus = ema__cpus_usable();
-    int crowded = !(cpus > 0 && 2L * size <= cpus);
+    unsigned mask = (cpus > 0 && 2L * size <= cpus) ? 4095u : 63u;
     ema_debug("%ld cores for %d ranks and their progress threads: waiters yield every %u "
-              "empty polls", cpus, size, crowded ? 64u : 4096u);
-    return crowded;
+              "empty polls", cpus, size, mask + 1);
+    return mask;
 }
 
 unsigned ema__xport_wait_pass(ema__xport_t *xp, unsigned mode)
@@ -128,8 +128,7 @@ void ema__xport_wait_step(ema__xport_t *xp, unsigned mode)
 
 void ema__xport_sched_init(ema__xport_t *xp)
 {
-    xp->crowded   = ema__xport_crowded(xp->size);
-    xp->idle_mask = xp->crowded ? 63u : 4095u;
+    xp->idle_mask = ema__xport_idle_mask(xp->size);
     pthread_mutex_init(&xp->defer_lock, NULL);
     for (int q = 0; q < 2; q++) {
         xp->defer_head[q] = NULL;

@@ -117,7 +117,6 @@ typedef struct ema__xport {
     ema__xport_config_t cfg;
     size_t              request_size; /* user space in each UCX request */
     unsigned            idle_mask;    /* ema__xport_idle yields every idle_mask+1 calls */
-    int                 crowded;      /* threads outnumber cores: yield more often */
 
     struct {
         ema__am_handler_cb cb;
@@ -348,10 +347,8 @@ int      ema__xport_waiter_call(ema__xport_t *xp, uint64_t id, unsigned kind,
 /* Yield the CPU inside a wait loop when nothing progressed: ranks are often
  * oversubscribed on few cores. */
 void ema__xport_idle(ema__xport_t *xp);
-/* Whether @size ranks and their progress threads outnumber the cores this
- * process may use (a fractional CPU quota counts as its ceiling): then
- * ema__xport_idle yields every 64 empty polls, else every 4096. */
-int ema__xport_crowded(int size);
+/* How often ema__xport_idle yields, from the cores and the ranks. */
+unsigned ema__xport_idle_mask(int size);
 /* The handler table's cells, one per AM id (xport/am.c). */
 extern ema__xport_t *ema__xport_am_self[EMA_AM_MAX];
 

@@ -416,10 +416,11 @@ void ema__win_recall(ema__win_ctx_t *ctx, int src, const uint32_t *segs, uint32_
 {
     uint32_t *idx  = calloc(n ? n : 1, sizeof(*idx));
     uint32_t *idx2 = calloc(n ? n : 1, sizeof(*idx2));
+    uint8_t *unheld = calloc(n ? n : 1, 1);
     uint32_t nrefuse = 0;
 
     EMA_WIN_ASSERT_NONE_LOCKED(); /* takes each window's lock; the callback */
-    if (idx == NULL || idx2 == NULL) {
+    if (idx == NULL || idx2 == NULL || unheld == NULL) {
         ema_error("out of memory handling a recall from rank %d", src);
         goto out;
     }
@@ -444,11 +445,24 @@ void ema__win_recall(ema__win_ctx_t *ctx, int src, const uint32_t *segs, uint32_
             if (m > 0) {
                 /* the move gives the old segments back */
                 memcpy(idx2, idx, m * sizeof(*idx));
+                for (uint32_t i = 0; i < m; i++) {
+                    unheld[i] = atomic_load(&win->held[idx2[i]]) == 0;
+                }
                 ema_status_t st = ema__win_move(win, idx, m, src, NULL, NULL,
                                                 EMA_WIN_MOVE_HANDOVER_FIRST);
                 /* What did not move: held ones wait for their release;
                  * the others had nowhere to go and are refused, so the
-                 * lender stops waiting for them. */
+                 * lender stops waiting for them.  "Held" is as the move
+                 * found it, not as now: an owner that acquires its part
+                 * every step holds it again a few microseconds after each
+                 * release, while the move asked every peer for memory in
+                 * vain, and a segment judged by its state now would park,
+                 * run at the next release, fail the same way, and keep the
+                 * lender waiting for its whole EMA_RECLAIM_TIMEOUT (seen on
+                 * the H200 in kv_serving: recalls of 2 s, over and over).
+                 * Refusing one that the move found memory for but that was
+                 * acquired while it ran costs little: the lender stops
+                 * waiting, the owner sees it as wanted. */
                 uint32_t nref0 = nrefuse;
                 for (uint32_t i = 0; i < m; i++) {
                     ema__loc_t l = atomic_load(&part->loc[idx2[i]]) & ~EMA_LOC_MOVING;
@@ -456,7 +470,7 @@ void ema__win_recall(ema__win_ctx_t *ctx, int src, const uint32_t *segs, uint32_
                         EMA_LOC_TIER(l) != EMA_TIER_DEVICE) {
                         continue;
                     }
-                    if (st == EMA_ERR_NO_MEMORY && atomic_load(&win->held[idx2[i]]) == 0) {
+                    if (st == EMA_ERR_NO_MEMORY && unheld[i]) {
                         refuse[nrefuse++] = EMA_LOC_SEG(l);
                         continue;
                     }
@@ -480,4 +494,5 @@ out:
     *nrefuse_p = nrefuse;
     free(idx);
     free(idx2);
+    free(unheld);
 }

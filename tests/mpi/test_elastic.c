@@ -24,6 +24,7 @@
  *       test_grow_fails_no_memory_leaves_window_unchanged
  *       test_grow_fails_no_memory_when_all_peer_memory_used
  *       test_reclaim_with_nowhere_to_move_fails_fast
+ *       test_reclaim_while_owner_holds_each_step_fails_fast
  *   test_elastic noprog   (as default, EMA_PROGRESS_THREAD=n: the lender reclaims
  *                          while the borrower waits in ema_barrier, whose waits
  *                          must then run the migration)
@@ -1799,6 +1800,102 @@ static void test_reclaim_with_nowhere_to_move_fails_fast(void)
     scenario_end();
 }
 
+/* As the last one, but the owner holds its whole part with ema_win_acquire
+ * for every "step" and releases it briefly in between, as a serving engine
+ * does (bench/kv_serving).  The recall parks while the part is held and
+ * runs at each release; a move that finds no memory must refuse at once,
+ * even though the owner holds the part again by the time the move has asked
+ * every peer.  Judged by the state after the move, the segments looked held,
+ * the recall parked again, and the lender waited out its whole timeout
+ * (2 s, over and over, in kv_serving on the H200). */
+
+/* The owner's gap between two held steps.  A race: with 10 us, a fixed
+ * library refused within 1 s in every one of 6 runs on the 2-core CI
+ * machine (most in 2-5 ms); without the fix, 2 of 6 runs took more than
+ * 4 s.  With no gap at all the recall rarely finds the part unheld, and
+ * the lender waits, as ema(7) says for a range that is never released. */
+#define GAP_US 10.0
+
+static void spin_us(double us)
+{
+    double t0 = t_now();
+    while ((t_now() - t0) * 1e6 < us) {
+    }
+}
+
+static void test_reclaim_while_owner_holds_each_step_fails_fast(void)
+{
+    grown_t g;
+    ema_mem_stat_t st[64];
+
+    scenario_begin(__func__);
+    wait_clean("start");
+    clear_own_flags();
+    gather_mem_stats(st);
+    size_t pl = peers_lendable(st);
+    int ok = grow_window(&g, pl, 0, 140);
+    gather_mem_stats(st);
+    int L = top_lender(st);
+    size_t lent = st[L].bytes_lent, take = st[L].bytes_free + st[L].bytes_lent;
+    T_OK(ema_barrier());
+    if (ok && ema_t_rank == 0) {
+        /* steps: held 2 ms, then a short gap (the stat calls and the
+         * scheduling of a serving engine), until the lender is done */
+        double t0 = t_now();
+        long steps = 0;
+        set_flag(L, FLAG_GO, 1);
+        while (!own_flag(FLAG_DONE) && t_now() - t0 < 20) {
+            T_OK(ema_win_acquire(g.win, 0, g.size));
+            spin_us(2000);
+            T_OK(ema_win_release(g.win, 0, g.size));
+            ema_win_stat_t ws = {0};
+            ema_mem_stat_t m  = {0};
+            T_OK(ema_win_stat(g.win, &ws));
+            T_OK(ema_mem_stat(&m));
+            spin_us(GAP_US);
+            steps++;
+        }
+        T_EXPECT(own_flag(FLAG_DONE), "the lender never finished its reclaim");
+        printf("# rank 0 ran %ld held steps during the reclaim\n", steps);
+        fflush(stdout);
+    } else if (ok && ema_t_rank == L) {
+        double t0 = t_now();
+        while (!own_flag(FLAG_GO) && t_now() - t0 < POLL_LIMIT_S) {
+            usleep(100);
+        }
+        usleep(20000); /* well into the owner's steps */
+        t0 = t_now();
+        T_STATUS(ema_reclaim(take, 10000), EMA_ERR_NO_MEMORY);
+        double dt = t_now() - t0;
+        set_flag(0, FLAG_DONE, 1);
+        T_EXPECT(dt < 3.0, "ema_reclaim while the owner holds its part each step took %.3f s "
+                 "(timeout 10 s): the recall never refused", dt);
+        printf("# rank %d's reclaim of %zu bytes failed in %.1f ms: the owner had nowhere to "
+               "move them between its steps\n", L, take, dt * 1e3);
+        fflush(stdout);
+        ema_mem_stat_t m = {0};
+        T_OK(ema_mem_stat(&m));
+        T_EXPECT(m.bytes_lent == lent, "lender lends %zu after the refused reclaim, not %zu",
+                 m.bytes_lent, lent);
+        if (m.bytes_withheld > 0) {
+            T_STATUS(ema_reclaim_release(m.bytes_withheld), EMA_SUCCESS);
+        }
+    }
+    T_OK(ema_barrier());
+    if (ok && ema_t_rank == 0) {
+        ema_win_stat_t ws = {0};
+        win_stat(g.win, &ws);
+        T_EXPECT(ws.bytes_borrowed == pl && ws.size == g.size, "owner: " WS_FMT, WS_ARGS(ws));
+        T_EXPECT(ws.bytes_wanted > 0 && ws.bytes_wanted <= lent,
+                 "owner: bytes_wanted %zu after the refusal (rank %d lent %zu)", ws.bytes_wanted,
+                 L, lent);
+        check_local(g.win, g.base, 0, g.size, 140, "owner's loads after the refused reclaim");
+    }
+    T_OK(ema_barrier());
+    T_OK(ema_win_free(g.win));
+    scenario_end();
+}
+
 int main(int argc, char **argv)
 {
     const char *mode = argc > 1 ? argv[1] : "default";
@@ -1853,6 +1950,7 @@ int main(int argc, char **argv)
         test_grow_fails_no_memory_leaves_window_unchanged();
         test_grow_fails_no_memory_when_all_peer_memory_used();
         test_reclaim_with_nowhere_to_move_fails_fast();
+        test_reclaim_while_owner_holds_each_step_fails_fast();
     } else if (strcmp(mode, "noprog") == 0) {
         test_explicit_reclaim_returns_memory_data_intact();
         test_own_grow_reclaims_lent_memory_data_intact();

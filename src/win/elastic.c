@@ -293,6 +293,23 @@ static int ema_win_settled(void *arg)
     return !(atomic_load((_Atomic ema__loc_t *)arg) & EMA_LOC_MOVING);
 }
 
+/* An acquire's wait for the recalls due when it came (see ema_win_hold). */
+typedef struct {
+    ema__win_ctx_t *ctx;
+    unsigned        passes; /* recall_passes once they are through */
+} ema_win_recall_wait_t;
+
+static int ema_win_recalls_passed(void *arg)
+{
+    const ema_win_recall_wait_t *w = arg;
+    return atomic_load(&w->ctx->recalls) == 0 ||
+           (int)(atomic_load(&w->ctx->recall_passes) - w->passes) >= 0;
+}
+
+/* The longest an acquire waits for recalls (a bound, not a figure: a
+ * recall's pass is a move of a few milliseconds, or a refusal). */
+#define EMA_WIN_RECALL_WAIT_US 1e6
+
 static ema_status_t ema_win_hold(ema_win_h win, size_t offset, size_t len, int delta)
 {
     ema_status_t status = ema__win_check_live(win);
@@ -317,6 +334,20 @@ static ema_status_t ema_win_hold(ema_win_h win, size_t offset, size_t len, int d
                 return EMA_ERR_INVALID_PARAM; /* not acquired: change nothing */
             }
         }
+    }
+    /* A recall queued or running when the acquire comes (a lender waits
+     * for it; one parked on a held range was queued again by its release)
+     * goes first, as a move in progress does below.  Without this an owner
+     * that releases its part and acquires it again at once, step after
+     * step, starves the recall, which finds the part held at each pass,
+     * and the lender waits out its timeout.  Not from inside a recall (the
+     * owner's reclaim callback may acquire), and bounded. */
+    if (delta > 0 && !ema__win_in_recall && atomic_load(&win->ctx->recalls) > 0) {
+        ema_win_recall_wait_t w = {win->ctx, 0};
+        w.passes = atomic_load(&win->ctx->recall_passes) +
+                   (unsigned)atomic_load(&win->ctx->recalls);
+        ema__xport_wait_until(win->ctx->xp, EMA_WAIT_LONG, ema__now_us() + EMA_WIN_RECALL_WAIT_US,
+                              ema_win_recalls_passed, &w);
     }
     for (uint32_t i = first; i <= last; i++) {
         atomic_fetch_add(&win->held[i], delta);

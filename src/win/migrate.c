@@ -410,6 +410,8 @@ static uint32_t ema_win_recall_collect(ema_win_h win, int src, const uint32_t *s
  * the segments that had nowhere to go (*@nrefuse_p of them), which the
  * window also counts as wanted (bytes_wanted).
  */
+__thread int ema__win_in_recall;
+
 void ema__win_recall(ema__win_ctx_t *ctx, int src, const uint32_t *segs, uint32_t n,
                      int notified, uint8_t *found, uint8_t *held, uint32_t *refuse,
                      uint32_t *nrefuse_p)
@@ -420,6 +422,7 @@ void ema__win_recall(ema__win_ctx_t *ctx, int src, const uint32_t *segs, uint32_
     uint32_t nrefuse = 0;
 
     EMA_WIN_ASSERT_NONE_LOCKED(); /* takes each window's lock; the callback */
+    ema__win_in_recall++;
     if (idx == NULL || idx2 == NULL || unheld == NULL) {
         ema_error("out of memory handling a recall from rank %d", src);
         goto out;
@@ -495,4 +498,6 @@ out:
     free(idx);
     free(idx2);
     free(unheld);
+    ema__win_in_recall--;
+    atomic_fetch_add(&ctx->recall_passes, 1); /* acquires waiting for it go on */
 }

@@ -1809,12 +1809,13 @@ static void test_reclaim_with_nowhere_to_move_fails_fast(void)
  * the recall parked again, and the lender waited out its whole timeout
  * (2 s, over and over, in kv_serving on the H200). */
 
-/* The owner's gap between two held steps.  A race: with 10 us, a fixed
- * library refused within 1 s in every one of 6 runs on the 2-core CI
- * machine (most in 2-5 ms); without the fix, 2 of 6 runs took more than
- * 4 s.  With no gap at all the recall rarely finds the part unheld, and
- * the lender waits, as ema(7) says for a range that is never released. */
-#define GAP_US 10.0
+/* The owner's gap between two held steps: none at all, the hardest case.
+ * On the 2-core CI machine: judging "held" after the move (before
+ * db790a8), 3 of 5 runs took 2.4-8.9 s; judging it before the move, 4 of
+ * 5 took 1.2-1.5 s (the recall rarely found the part unheld); with an
+ * acquire that lets a due recall go first as well, 3-16 ms (6 runs).
+ * With a gap of 10 us, 6 runs each: 2 over 4 s, 2.5-846 ms, 1.8-16 ms. */
+#define GAP_US 0.0
 
 static void spin_us(double us)
 {
@@ -1868,7 +1869,7 @@ static void test_reclaim_while_owner_holds_each_step_fails_fast(void)
         T_STATUS(ema_reclaim(take, 10000), EMA_ERR_NO_MEMORY);
         double dt = t_now() - t0;
         set_flag(0, FLAG_DONE, 1);
-        T_EXPECT(dt < 3.0, "ema_reclaim while the owner holds its part each step took %.3f s "
+        T_EXPECT(dt < 2.0, "ema_reclaim while the owner holds its part each step took %.3f s "
                  "(timeout 10 s): the recall never refused", dt);
         printf("# rank %d's reclaim of %zu bytes failed in %.1f ms: the owner had nowhere to "
                "move them between its steps\n", L, take, dt * 1e3);

@@ -509,6 +509,8 @@ EMA_EXPORT ema_status_t ema_init(const ema_init_params_t *params)
     if (status != EMA_SUCCESS) {
         goto err_pool;
     }
+    /* recalls run on it: an acquire may wait for them (ema_win_hold) */
+    w->win.progress_thread = w->progress.running;
     /* The cuda kind: probe each peer through UCX and EMA's direct path,
      * choose (EMA_CUDA_PATH), and warn where no path is zero-copy. */
     status = ema__win_cuda_path_select(&w->win);

@@ -302,13 +302,60 @@ typedef struct {
 static int ema_win_recalls_passed(void *arg)
 {
     const ema_win_recall_wait_t *w = arg;
-    return atomic_load(&w->ctx->recalls) == 0 ||
+    return atomic_load(&w->ctx->recalls) == 0 || atomic_load(&w->ctx->callbacks) > 0 ||
            (int)(atomic_load(&w->ctx->recall_passes) - w->passes) >= 0;
 }
 
 /* The longest an acquire waits for recalls (a bound, not a figure: a
  * recall's pass is a move of a few milliseconds, or a refusal). */
 #define EMA_WIN_RECALL_WAIT_US 1e6
+
+/*
+ * A recall queued or running when an acquire comes (a lender waits for it;
+ * one parked on a held range was queued again by the release) goes first,
+ * as a move in progress does (ema_win_hold).  Without this an owner that
+ * releases its part and acquires it again at once, step after step,
+ * starves the recall, which finds the part held at each pass, and the
+ * lender waits out its timeout.  Only:
+ *   - where the progress thread runs recalls: the wait runs quick jobs
+ *     only, so neither a recall nor its reclaim callback ever runs inside
+ *     ema_win_acquire (without the thread, recalls run in the
+ *     application's ema_progress and ema_barrier, and an acquire does not
+ *     wait for them);
+ *   - for a range with borrowed segments (only those are recalled);
+ *   - not from a reclaim callback (ema__win_in_callback), which the
+ *     progress thread may be running for one of those very recalls;
+ *   - not while a reclaim callback runs (ctx->callbacks): it may wait for
+ *     this thread (an application lock held across the acquire); the
+ *     recall then parks on the range and, queued again by the release,
+ *     runs without a callback the next time, which the next acquire
+ *     waits for;
+ *   - for at most EMA_WIN_RECALL_WAIT_US.
+ * The range is checked after the wait, by the caller.
+ */
+static void ema_win_hold_wait_recalls(ema_win_h win, size_t offset, size_t len)
+{
+    ema__win_ctx_t *ctx   = win->ctx;
+    ema__win_part_t *part = &win->parts[ctx->rank];
+    size_t seg = ctx->seg_size, size = atomic_load(&part->size);
+    int borrowed = 0;
+
+    if (!ctx->progress_thread || ema__win_in_callback || atomic_load(&ctx->recalls) == 0 ||
+        len == 0 || offset > size || len > size - offset) {
+        return;
+    }
+    for (size_t i = offset / seg; i <= (offset + len - 1) / seg && !borrowed; i++) {
+        ema__loc_t l = atomic_load(&part->loc[i]) & ~EMA_LOC_MOVING;
+        borrowed = EMA_LOC_RANK(l) != ctx->rank && EMA_LOC_TIER(l) == EMA_TIER_DEVICE;
+    }
+    if (!borrowed) {
+        return;
+    }
+    ema_win_recall_wait_t w = {ctx, 0};
+    w.passes = atomic_load(&ctx->recall_passes) + (unsigned)atomic_load(&ctx->recalls);
+    ema__xport_wait_until(ctx->xp, EMA_WAIT_QUICK, ema__now_us() + EMA_WIN_RECALL_WAIT_US,
+                          ema_win_recalls_passed, &w);
+}
 
 static ema_status_t ema_win_hold(ema_win_h win, size_t offset, size_t len, int delta)
 {
@@ -319,6 +366,9 @@ static ema_status_t ema_win_hold(ema_win_h win, size_t offset, size_t len, int d
     /* An acquire waits until MOVING clears, which the thread holding
      * win->lock (a move) does: never wait for oneself. */
     EMA_WIN_ASSERT_UNLOCKED(win);
+    if (delta > 0) {
+        ema_win_hold_wait_recalls(win, offset, len);
+    }
     ema__win_part_t *part = &win->parts[win->ctx->rank];
     size_t seg = win->ctx->seg_size, size = atomic_load(&part->size);
     if (len == 0) {
@@ -334,20 +384,6 @@ static ema_status_t ema_win_hold(ema_win_h win, size_t offset, size_t len, int d
                 return EMA_ERR_INVALID_PARAM; /* not acquired: change nothing */
             }
         }
-    }
-    /* A recall queued or running when the acquire comes (a lender waits
-     * for it; one parked on a held range was queued again by its release)
-     * goes first, as a move in progress does below.  Without this an owner
-     * that releases its part and acquires it again at once, step after
-     * step, starves the recall, which finds the part held at each pass,
-     * and the lender waits out its timeout.  Not from inside a recall (the
-     * owner's reclaim callback may acquire), and bounded. */
-    if (delta > 0 && !ema__win_in_recall && atomic_load(&win->ctx->recalls) > 0) {
-        ema_win_recall_wait_t w = {win->ctx, 0};
-        w.passes = atomic_load(&win->ctx->recall_passes) +
-                   (unsigned)atomic_load(&win->ctx->recalls);
-        ema__xport_wait_until(win->ctx->xp, EMA_WAIT_LONG, ema__now_us() + EMA_WIN_RECALL_WAIT_US,
-                              ema_win_recalls_passed, &w);
     }
     for (uint32_t i = first; i <= last; i++) {
         atomic_fetch_add(&win->held[i], delta);

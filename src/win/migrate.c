@@ -345,6 +345,8 @@ size_t ema__win_wanted_bytes(ema_win_h win)
  * under the window's lock, so the callback may call any ema_win_* on the
  * window (ema_win_release to let a held range go, ema_win_stat).
  */
+__thread int ema__win_in_callback;
+
 void ema__win_notify(ema_win_h win, ema_reclaim_cb cb, void *cb_arg, const uint32_t *idx,
                      uint32_t n)
 {
@@ -366,7 +368,11 @@ void ema__win_notify(ema_win_h win, ema_reclaim_cb cb, void *cb_arg, const uint3
         while (j < n && runs[j] == runs[j - 1] + 1) {
             j++;
         }
+        ema__win_in_callback++;
+        atomic_fetch_add(&win->ctx->callbacks, 1);
         cb(win, (size_t)runs[i] * seg, (size_t)(j - i) * seg, cb_arg);
+        atomic_fetch_sub(&win->ctx->callbacks, 1);
+        ema__win_in_callback--;
         i = j;
     }
     free(runs);
@@ -410,8 +416,6 @@ static uint32_t ema_win_recall_collect(ema_win_h win, int src, const uint32_t *s
  * the segments that had nowhere to go (*@nrefuse_p of them), which the
  * window also counts as wanted (bytes_wanted).
  */
-__thread int ema__win_in_recall;
-
 void ema__win_recall(ema__win_ctx_t *ctx, int src, const uint32_t *segs, uint32_t n,
                      int notified, uint8_t *found, uint8_t *held, uint32_t *refuse,
                      uint32_t *nrefuse_p)
@@ -422,7 +426,6 @@ void ema__win_recall(ema__win_ctx_t *ctx, int src, const uint32_t *segs, uint32_
     uint32_t nrefuse = 0;
 
     EMA_WIN_ASSERT_NONE_LOCKED(); /* takes each window's lock; the callback */
-    ema__win_in_recall++;
     if (idx == NULL || idx2 == NULL || unheld == NULL) {
         ema_error("out of memory handling a recall from rank %d", src);
         goto out;
@@ -477,7 +480,8 @@ void ema__win_recall(ema__win_ctx_t *ctx, int src, const uint32_t *segs, uint32_
                         refuse[nrefuse++] = EMA_LOC_SEG(l);
                         continue;
                     }
-                    /* held (or acquired and released during the move):
+                    /* held before the move, or (the move did not run
+                     * out of memory) acquired and released during it:
                      * look again after a release */
                     for (uint32_t k = 0; k < n; k++) {
                         if (segs[k] == EMA_LOC_SEG(l) && found[k] == 1) {
@@ -498,6 +502,5 @@ out:
     free(idx);
     free(idx2);
     free(unheld);
-    ema__win_in_recall--;
     atomic_fetch_add(&ctx->recall_passes, 1); /* acquires waiting for it go on */
 }

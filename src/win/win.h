@@ -241,8 +241,14 @@ typedef struct ema__win_ctx {
     atomic_int         recalls;
     atomic_int         policy_yielded;
     /* Passes of ema__win_recall completed: an acquire waits for the passes
-     * of the recalls due when it came (ema_win_hold). */
+     * of the recalls due when it came (ema_win_hold), where a progress
+     * thread runs them (@progress_thread, set once at ema_init). */
     atomic_uint        recall_passes;
+    int                progress_thread;
+    /* Reclaim callbacks running now, on any thread (ema__win_notify): an
+     * acquire does not wait for a recall while one runs, since the callback
+     * may wait for the acquiring thread (an application lock). */
+    atomic_int         callbacks;
 } ema__win_ctx_t;
 
 /* A window's lock: a pthread mutex that clang's -Wthread-safety knows as a
@@ -604,11 +610,12 @@ ema_status_t ema__win_move(ema_win_h win, uint32_t *idx, uint32_t n, int exclude
  * window. */
 void         ema__win_notify(ema_win_h win, ema_reclaim_cb cb, void *cb_arg,
                              const uint32_t *idx, uint32_t n) EMA_EXCLUDES(win->lock);
+/* Set on a thread while it runs an owner's reclaim callback
+ * (ema__win_notify): an acquire there must not wait for recalls, which the
+ * same thread may be the one to run. */
+extern __thread int ema__win_in_callback;
 /* A lender's recall of @segs[0..n) of rank @src, in every window (see
- * win/migrate.c).  Takes each window's lock itself: called with none held.
- * ema__win_in_recall is set on the thread meanwhile (the owner's reclaim
- * callback runs inside: an acquire there must not wait for recalls). */
-extern __thread int ema__win_in_recall;
+ * win/migrate.c).  Takes each window's lock itself: called with none held. */
 void         ema__win_recall(ema__win_ctx_t *ctx, int src, const uint32_t *segs, uint32_t n,
                              int notified, uint8_t *found, uint8_t *held, uint32_t *refuse,
                              uint32_t *nrefuse_p);

@@ -18,7 +18,8 @@
  *   1. Every step acquires the whole part (ema_win_acquire) before its
  *      loads, stores or kernels and releases it after: a recall that comes
  *      meanwhile waits for the release (one step at most), and an acquire
- *      waits out a move already under way.  So the reclaim callback
+ *      waits out a move already under way (and lets the recalls queued or
+ *      running go first: ema_win_acquire(3)).  So the reclaim callback
  *      (kv_reclaim_cb, on the progress thread) has nothing to stop; it
  *      counts what lenders recalled.
  *   2. If EMA has nowhere to move the recalled segments, the lender's grow

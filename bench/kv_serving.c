@@ -27,8 +27,8 @@
  *    freed, it goes back to the head of the queue, and is later prefilled
  *    again over its prompt and the tokens generated so far (recompute,
  *    the generated tokens are kept);
- *  - lenders' pressure (kv_cache.c) preempts the owners of the segments
- *    to give back.
+ *  - lenders' pressure (bytes_wanted, kv_cache.c) preempts the youngest
+ *    requests, only for the blocks the part lacks to give back.
  *
  * Two kinds of step:
  *  - host kind: a CPU loop writes and reads every K/V element through the

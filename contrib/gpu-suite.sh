@@ -281,10 +281,11 @@ fi
 
 # The randomized stress test: grows, shrinks, reclaims, puts, gets and
 # atomics from every rank, checked against a model.  Its parts are 3..48
-# MiB, so it borrows and migrates only with small segments and little
-# memory, as in make check (32 MiB per rank): with 256 MiB and the default
-# 256 MiB segments it moved 0 bytes on the H200 (session 11).  2 MiB is the
-# cuda kind's smallest segment (the VMM granularity).
+# MiB, so it borrows and migrates only where a rank has less memory than
+# that, as in make check (32 MiB per rank): with 256 MiB per rank it moved
+# 0 bytes on the H200 (session 11).  Its segments are 2 MiB on cuda (the
+# VMM granularity) unless EMA_SEGMENT_SIZE is exported: set here, so an
+# exported one for the other steps does not reach it.
 stress_env="EMA_DEVICE_MEMORY=32M EMA_SEGMENT_SIZE=2M"
 if [ -x "$build/tests/stress/ema_stress" ]; then
     step "ema_stress np4 (20 s)" run_mpi_env 4 $stress_env -- \

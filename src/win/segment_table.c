@@ -253,8 +253,9 @@ static ema_status_t ema_win_hand_over(ema_win_h win, const ema_win_move_run_t *r
     if (u == 0) {
         return EMA_ERR_IO; /* said by ema_win_unmap_runs */
     }
-    /* The segments have moved once their new locations are published:
-     * counted before the give-back, so that a lender's reclaim that has
+    /* The segments have moved once their data is copied: counted just
+     * before the hand-over publishes their new locations and gives the
+     * old memory back, so that a lender's reclaim that has
      * returned, and anything ordered after it (a barrier), finds them in
      * ema_win_stat, which reads a busy window without its lock.  Counted
      * after the maps, they trailed the lender by the maps' time (about

@@ -23,6 +23,14 @@
  *         rank 0 shrinks and regrows a new window into borrowed memory
  *         before a slow rank 2 has made the window known: rank 2's gets used
  *         to read the old locations (wrong bytes).
+ *   test_regress cblock       (EMA_SPILL=none, no reserve, the progress thread)
+ *       test_acquire_never_runs_or_waits_behind_a_callback
+ *         rank 0 holds its borrowed window with ema_win_acquire in a tight
+ *         loop under an application mutex that its reclaim callback takes
+ *         too, while the lenders reclaim: the callback must never run on
+ *         the main thread inside ema_win_acquire (a self-deadlock), and an
+ *         acquire must not wait out its 1 s bound for a recall whose
+ *         callback waits for that mutex (both happened in e61948b).
  *   test_regress race [SECONDS] (default 20)
  *       test_moves_racing_third_rank_reads_lose_no_byte
  *         rounds of a freshly allocated window that rank 0 grows, prefetches,
@@ -31,7 +39,9 @@
  */
 #include "common.h"
 
+#include <errno.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <unistd.h>
 
 static size_t SEG;
@@ -534,6 +544,119 @@ static void test_moves_racing_third_rank_reads_lose_no_byte(double secs)
     fflush(stdout);
 }
 
+/* ------------------------------------------------------------------------ */
+
+static pthread_mutex_t cb_mu;
+static pthread_t       cb_main;
+static atomic_int      cb_calls, cb_on_main, cb_edeadlk;
+
+static void cblock_cb(ema_win_h win, size_t offset, size_t len, void *arg)
+{
+    (void)win;
+    (void)offset;
+    (void)len;
+    (void)arg;
+    atomic_fetch_add(&cb_calls, 1);
+    if (pthread_equal(pthread_self(), cb_main)) {
+        atomic_fetch_add(&cb_on_main, 1);
+    }
+    int r = pthread_mutex_lock(&cb_mu); /* an engine's scheduler lock */
+    if (r == EDEADLK) {
+        atomic_fetch_add(&cb_edeadlk, 1);
+        return;
+    }
+    if (r == 0) {
+        pthread_mutex_unlock(&cb_mu);
+    }
+}
+
+static void test_acquire_never_runs_or_waits_behind_a_callback(void)
+{
+    enum { ROUNDS = 3, NSEG = 4 };
+    ema_mem_stat_t m = {0};
+    ema_win_h ballast, win;
+    void *bb, *wb;
+    pthread_mutexattr_t a;
+
+    ema_test_begin("test_acquire_never_runs_or_waits_behind_a_callback");
+    pthread_mutexattr_init(&a);
+    pthread_mutexattr_settype(&a, PTHREAD_MUTEX_ERRORCHECK);
+    pthread_mutex_init(&cb_mu, &a);
+    cb_main = pthread_self();
+    T_OK(ema_mem_stat(&m));
+    /* rank 0's own memory is all ballast: its window lives in peers' */
+    ema_win_params_t wp = {.field_mask = EMA_WIN_PARAM_FIELD_MAX_SIZE, .max_size = NSEG * SEG};
+    T_OK(ema_win_allocate(ema_t_rank == 0 ? m.bytes_free : 0, NULL, &bb, &ballast));
+    T_OK(ema_win_allocate(0, &wp, &wb, &win));
+    size_t size = NSEG * SEG;
+    if (ema_t_rank == 0) {
+        T_STATUS(ema_win_grow(win, size), EMA_SUCCESS);
+        T_OK(ema_win_set_reclaim_cb(win, cblock_cb, NULL));
+        fill_own(win, wb, 0, size, 77);
+    }
+    T_OK(ema_barrier());
+    double maxacq = 0, maxrec = 0;
+    long nacq = 0;
+    for (int r = 0; r < ROUNDS; r++) {
+        if (ema_t_rank == 0) {
+            double t0 = t_now();
+            while (t_now() - t0 < 1.0) {
+                pthread_mutex_lock(&cb_mu);
+                double ta = t_now();
+                T_OK(ema_win_acquire(win, 0, size));
+                double d = t_now() - ta;
+                maxacq = d > maxacq ? d : maxacq;
+                nacq++;
+                T_OK(ema_win_release(win, 0, size));
+                pthread_mutex_unlock(&cb_mu);
+            }
+        } else {
+            usleep(200000);
+            memset(&m, 0, sizeof(m));
+            T_OK(ema_mem_stat(&m));
+            if (m.bytes_lent > 0) {
+                double t0 = t_now();
+                ema_status_t s = ema_reclaim(m.bytes_free + m.bytes_lent, 5000);
+                double d = t_now() - t0;
+                maxrec = d > maxrec ? d : maxrec;
+                T_EXPECT(s == EMA_SUCCESS || s == EMA_ERR_NO_MEMORY,
+                         "rank %d's reclaim: %s", ema_t_rank, ema_strerror(s));
+                memset(&m, 0, sizeof(m));
+                T_OK(ema_mem_stat(&m));
+                if (m.bytes_withheld > 0) {
+                    T_OK(ema_reclaim_release(m.bytes_withheld));
+                }
+            }
+        }
+        T_OK(ema_barrier());
+    }
+    if (ema_t_rank == 0) {
+        printf("# rank 0: %ld acquires, longest %.1f ms; %d callbacks, %d on the main thread, "
+               "%d EDEADLK\n", nacq, maxacq * 1e3, atomic_load(&cb_calls),
+               atomic_load(&cb_on_main), atomic_load(&cb_edeadlk));
+        T_EXPECT(atomic_load(&cb_calls) > 0, "no reclaim callback ran: not the intended setup");
+        T_EXPECT(atomic_load(&cb_on_main) == 0 && atomic_load(&cb_edeadlk) == 0,
+                 "%d callbacks ran on the main thread (%d EDEADLK): inside ema_win_acquire",
+                 atomic_load(&cb_on_main), atomic_load(&cb_edeadlk));
+        T_EXPECT(maxacq < 0.5, "an acquire took %.3f s: it waited for a recall whose callback "
+                 "waited for the acquiring thread", maxacq);
+        size_t bad = SIZE_MAX;
+        uint64_t *buf = t_malloc(size);
+        own_read(win, wb, 0, buf, size);
+        bad = check_buf(buf, 0, size, 77);
+        free(buf);
+        T_EXPECT(bad == SIZE_MAX, "owner's word at %zu wrong after the recalls", bad);
+    } else if (maxrec > 0) {
+        printf("# rank %d: longest reclaim %.1f ms\n", ema_t_rank, maxrec * 1e3);
+        T_EXPECT(maxrec < 2.0, "rank %d's reclaim took %.3f s", ema_t_rank, maxrec);
+    }
+    fflush(stdout);
+    T_OK(ema_barrier());
+    T_OK(ema_win_free(win));
+    T_OK(ema_win_free(ballast));
+    pthread_mutex_destroy(&cb_mu);
+}
+
 int main(int argc, char **argv)
 {
     const char *mode = (argc > 1) ? argv[1] : "";
@@ -557,10 +680,12 @@ int main(int argc, char **argv)
         test_lender_order_follows_current_lendable_memory();
     } else if (strcmp(mode, "early") == 0) {
         test_window_used_before_every_rank_knows_it();
+    } else if (strcmp(mode, "cblock") == 0) {
+        test_acquire_never_runs_or_waits_behind_a_callback();
     } else if (strcmp(mode, "race") == 0) {
         test_moves_racing_third_rank_reads_lose_no_byte(argc > 2 ? atof(argv[2]) : 20.0);
     } else {
-        fprintf(stderr, "usage: %s init_retry|held_noprog|order|early|race\n", argv[0]);
+        fprintf(stderr, "usage: %s init_retry|held_noprog|order|early|cblock|race\n", argv[0]);
         return 2;
     }
     T_OK(ema_barrier());

@@ -459,9 +459,10 @@ static void kv_shrink_to(kv_cache_t *kc, size_t segs, double now, const char *wh
  * idle in this rank's window is out of every peer's reach, since EMA
  * recalls only lent memory.  Otherwise it is calm (shrink_keep, the whole
  * window): memory needed again soon would be recalled from a busy peer,
- * which then preempts.  Host model (doc/kv_serving.md): elastic / oracle
- * on the rotating load 0.81 calm, 0.94 always eager, 0.93 on demand;
- * elastic / static on the stationary one 1.04, 0.84 and 0.88. */
+ * which then preempts.  Host model (doc/kv_serving.md), session 10:
+ * elastic / oracle on the rotating load 0.81 calm, 0.94 always eager, 0.93
+ * on demand; elastic / static on the stationary one 1.04, 0.84 and 0.88.
+ * With session 11's victim choice, on demand: 0.95-0.97 and 1.09. */
 static int kv_peer_short(kv_cache_t *kc, double now)
 {
     ema_mem_stat_t ms = {0};

@@ -322,39 +322,39 @@ static int ema_win_recalls_passed(void *arg)
  *     ema_win_acquire (without the thread, recalls run in the
  *     application's ema_progress and ema_barrier, and an acquire does not
  *     wait for them);
- *   - for a range with borrowed segments (only those are recalled);
- *   - not from a reclaim callback (ema__win_in_callback), which the
- *     progress thread may be running for one of those very recalls;
- *   - not while a reclaim callback runs (ctx->callbacks): it may wait for
- *     this thread (an application lock held across the acquire); the
- *     recall then parks on the range and, queued again by the release,
- *     runs without a callback the next time, which the next acquire
- *     waits for;
+ *   - for segments [first, last] with a borrowed one (only those are
+ *     recalled);
+ *   - not while a reclaim callback runs (ctx->callbacks), this thread's
+ *     own included: the callback may be one of those very recalls', or
+ *     wait for this thread (an application lock held across the acquire);
+ *     the recall then parks on the range and, queued again by the
+ *     release, runs without a callback the next time, which the next
+ *     acquire waits for;
  *   - for at most EMA_WIN_RECALL_WAIT_US.
- * The range is checked after the wait, by the caller.
+ * Returns whether it waited: the caller then checks the range again.
  */
-static void ema_win_hold_wait_recalls(ema_win_h win, size_t offset, size_t len)
+static int ema_win_hold_wait_recalls(ema_win_h win, uint32_t first, uint32_t last)
 {
     ema__win_ctx_t *ctx   = win->ctx;
     ema__win_part_t *part = &win->parts[ctx->rank];
-    size_t seg = ctx->seg_size, size = atomic_load(&part->size);
     int borrowed = 0;
 
-    if (!ctx->progress_thread || ema__win_in_callback || atomic_load(&ctx->recalls) == 0 ||
-        len == 0 || offset > size || len > size - offset) {
-        return;
+    if (!ctx->progress_thread || atomic_load(&ctx->recalls) == 0 ||
+        atomic_load(&ctx->callbacks) > 0) {
+        return 0;
     }
-    for (size_t i = offset / seg; i <= (offset + len - 1) / seg && !borrowed; i++) {
+    for (uint32_t i = first; i <= last && !borrowed; i++) {
         ema__loc_t l = atomic_load(&part->loc[i]) & ~EMA_LOC_MOVING;
         borrowed = EMA_LOC_RANK(l) != ctx->rank && EMA_LOC_TIER(l) == EMA_TIER_DEVICE;
     }
     if (!borrowed) {
-        return;
+        return 0;
     }
     ema_win_recall_wait_t w = {ctx, 0};
     w.passes = atomic_load(&ctx->recall_passes) + (unsigned)atomic_load(&ctx->recalls);
     ema__xport_wait_until(ctx->xp, EMA_WAIT_QUICK, ema__now_us() + EMA_WIN_RECALL_WAIT_US,
                           ema_win_recalls_passed, &w);
+    return 1;
 }
 
 static ema_status_t ema_win_hold(ema_win_h win, size_t offset, size_t len, int delta)
@@ -366,18 +366,21 @@ static ema_status_t ema_win_hold(ema_win_h win, size_t offset, size_t len, int d
     /* An acquire waits until MOVING clears, which the thread holding
      * win->lock (a move) does: never wait for oneself. */
     EMA_WIN_ASSERT_UNLOCKED(win);
-    if (delta > 0) {
-        ema_win_hold_wait_recalls(win, offset, len);
-    }
     ema__win_part_t *part = &win->parts[win->ctx->rank];
-    size_t seg = win->ctx->seg_size, size = atomic_load(&part->size);
+    size_t seg = win->ctx->seg_size, size;
+    int waited = 0;
+    uint32_t first, last;
     if (len == 0) {
         return EMA_ERR_INVALID_PARAM;
     }
-    if (offset > size || len > size - offset) {
-        return EMA_ERR_RANGE;
-    }
-    uint32_t first = (uint32_t)(offset / seg), last = (uint32_t)((offset + len - 1) / seg);
+    do { /* the part may shrink while an acquire waits for recalls */
+        size = atomic_load(&part->size);
+        if (offset > size || len > size - offset) {
+            return EMA_ERR_RANGE;
+        }
+        first = (uint32_t)(offset / seg);
+        last  = (uint32_t)((offset + len - 1) / seg);
+    } while (delta > 0 && !waited && (waited = ema_win_hold_wait_recalls(win, first, last)));
     if (delta < 0) {
         for (uint32_t i = first; i <= last; i++) {
             if (atomic_load(&win->held[i]) <= 0) {
@@ -499,6 +502,13 @@ static int ema_win_stat_count(ema_win_h win, ema_win_stat_t *st)
            atomic_load(&part->size) == size;
 }
 
+/* ema_win_stat's counts and bytes_wanted, under the lock. */
+static void ema_win_stat_locked(ema_win_h win, ema_win_stat_t *st) EMA_REQUIRES(win->lock)
+{
+    ema_win_stat_count(win, st);
+    st->bytes_wanted = ema__win_wanted_bytes(win);
+}
+
 EMA_EXPORT ema_status_t ema_win_stat(ema_win_h win, ema_win_stat_t *stat_p)
 {
     ema_status_t status = ema__win_check_live_out(win, stat_p);
@@ -521,23 +531,20 @@ EMA_EXPORT ema_status_t ema_win_stat(ema_win_h win, ema_win_stat_t *stat_p)
      * its new one, never neither: ema(7) MIGRATION), taken again while a
      * grow or shrink is between its stores of the part's segments and size;
      * bytes_wanted is as the last change under the lock left it. */
-    if (ema__win_trylock(win)) {
-        ema_win_stat_count(win, &st);
-        st.bytes_wanted = ema__win_wanted_bytes(win);
+    int counted = ema__win_trylock(win);
+    if (counted) {
+        ema_win_stat_locked(win, &st);
         ema__win_unlock(win);
-    } else {
-        int tries = 0;
-        while (!ema_win_stat_count(win, &st) && ++tries < 3) {
-        }
-        if (tries == 3) {
-            /* a grow or shrink keeps changing the part: wait for it */
-            ema__win_lock(win);
-            ema_win_stat_count(win, &st);
-            st.bytes_wanted = ema__win_wanted_bytes(win);
-            ema__win_unlock(win);
-        } else {
+    }
+    for (int tries = 0; tries < 3 && !counted; tries++) {
+        if ((counted = ema_win_stat_count(win, &st))) {
             st.bytes_wanted = atomic_load(&win->stats.wanted_bytes);
         }
+    }
+    if (!counted) { /* a grow or shrink keeps changing the part: wait for it */
+        ema__win_lock(win);
+        ema_win_stat_locked(win, &st);
+        ema__win_unlock(win);
     }
     st.migrations = atomic_load(&win->stats.migrations);
     st.field_mask = known;

@@ -345,8 +345,6 @@ size_t ema__win_wanted_bytes(ema_win_h win)
  * under the window's lock, so the callback may call any ema_win_* on the
  * window (ema_win_release to let a held range go, ema_win_stat).
  */
-__thread int ema__win_in_callback;
-
 void ema__win_notify(ema_win_h win, ema_reclaim_cb cb, void *cb_arg, const uint32_t *idx,
                      uint32_t n)
 {
@@ -368,11 +366,9 @@ void ema__win_notify(ema_win_h win, ema_reclaim_cb cb, void *cb_arg, const uint3
         while (j < n && runs[j] == runs[j - 1] + 1) {
             j++;
         }
-        ema__win_in_callback++;
-        atomic_fetch_add(&win->ctx->callbacks, 1);
+        atomic_fetch_add(&win->ctx->callbacks, 1); /* acquires do not wait meanwhile */
         cb(win, (size_t)runs[i] * seg, (size_t)(j - i) * seg, cb_arg);
         atomic_fetch_sub(&win->ctx->callbacks, 1);
-        ema__win_in_callback--;
         i = j;
     }
     free(runs);

@@ -247,7 +247,8 @@ typedef struct ema__win_ctx {
     int                progress_thread;
     /* Reclaim callbacks running now, on any thread (ema__win_notify): an
      * acquire does not wait for a recall while one runs, since the callback
-     * may wait for the acquiring thread (an application lock). */
+     * may be the acquiring thread's own or wait for it (an application
+     * lock). */
     atomic_int         callbacks;
 } ema__win_ctx_t;
 
@@ -610,10 +611,6 @@ ema_status_t ema__win_move(ema_win_h win, uint32_t *idx, uint32_t n, int exclude
  * window. */
 void         ema__win_notify(ema_win_h win, ema_reclaim_cb cb, void *cb_arg,
                              const uint32_t *idx, uint32_t n) EMA_EXCLUDES(win->lock);
-/* Set on a thread while it runs an owner's reclaim callback
- * (ema__win_notify): an acquire there must not wait for recalls, which the
- * same thread may be the one to run. */
-extern __thread int ema__win_in_callback;
 /* A lender's recall of @segs[0..n) of rank @src, in every window (see
  * win/migrate.c).  Takes each window's lock itself: called with none held. */
 void         ema__win_recall(ema__win_ctx_t *ctx, int src, const uint32_t *segs, uint32_t n,

@@ -1721,6 +1721,32 @@ static void test_grow_fails_no_memory_when_all_peer_memory_used(void)
 
 /* ------------------------------------------------------------------------ */
 
+/* The lender's reclaim of @take, which the borrower refuses (nowhere to
+ * move): EMA_ERR_NO_MEMORY within 2 s (not the 10 s timeout), @lent still
+ * lent after it, and what it withheld released.  @after, if any, runs as
+ * soon as the reclaim returns. */
+static void reclaim_expect_refused(size_t take, size_t lent, const char *why,
+                                   void (*after)(void))
+{
+    double t0 = t_now();
+    T_STATUS(ema_reclaim(take, 10000), EMA_ERR_NO_MEMORY);
+    double dt = t_now() - t0;
+    if (after != NULL) {
+        after();
+    }
+    T_EXPECT(dt < 2.0, "ema_reclaim refused (%s) took %.3f s (timeout 10 s)", why, dt);
+    printf("# rank %d's reclaim of %zu bytes failed in %.1f ms: %s\n", ema_t_rank, take,
+           dt * 1e3, why);
+    fflush(stdout);
+    ema_mem_stat_t m = {0};
+    T_OK(ema_mem_stat(&m));
+    T_EXPECT(m.bytes_lent == lent, "lender lends %zu after the refused reclaim, not %zu",
+             m.bytes_lent, lent);
+    if (m.bytes_withheld > 0) {
+        T_STATUS(ema_reclaim_release(m.bytes_withheld), EMA_SUCCESS);
+    }
+}
+
 /* Every peer's lendable memory backs rank 0's window and there is no spill
  * tier: a lender's reclaim finds the borrower with nowhere to move the
  * data.  The borrower refuses the recall, so the reclaim fails at once with
@@ -1740,20 +1766,7 @@ static void test_reclaim_with_nowhere_to_move_fails_fast(void)
     int L = top_lender(st);
     size_t lent = st[L].bytes_lent, take = st[L].bytes_free + st[L].bytes_lent;
     if (ok && ema_t_rank == L) {
-        double t0 = t_now();
-        T_STATUS(ema_reclaim(take, 10000), EMA_ERR_NO_MEMORY);
-        double dt = t_now() - t0;
-        T_EXPECT(dt < 2.0, "ema_reclaim with nowhere to move took %.3f s (timeout 10 s)", dt);
-        printf("# rank %d's reclaim of %zu bytes failed in %.1f ms: nowhere to move them\n", L,
-               take, dt * 1e3);
-        fflush(stdout);
-        ema_mem_stat_t m = {0};
-        T_OK(ema_mem_stat(&m));
-        T_EXPECT(m.bytes_lent == lent, "lender lends %zu after the refused reclaim, not %zu",
-                 m.bytes_lent, lent);
-        if (m.bytes_withheld > 0) {
-            T_STATUS(ema_reclaim_release(m.bytes_withheld), EMA_SUCCESS);
-        }
+        reclaim_expect_refused(take, lent, "nowhere to move them", NULL);
     }
     T_OK(ema_barrier());
     /* The owner hears that the lender wants its memory back (bytes_wanted),
@@ -1824,6 +1837,12 @@ static void spin_us(double us)
     }
 }
 
+/* tells rank 0 that the lender's reclaim has returned */
+static void set_owner_done(void)
+{
+    set_flag(0, FLAG_DONE, 1);
+}
+
 static void test_reclaim_while_owner_holds_each_step_fails_fast(void)
 {
     grown_t g;
@@ -1865,22 +1884,9 @@ static void test_reclaim_while_owner_holds_each_step_fails_fast(void)
             usleep(100);
         }
         usleep(20000); /* well into the owner's steps */
-        t0 = t_now();
-        T_STATUS(ema_reclaim(take, 10000), EMA_ERR_NO_MEMORY);
-        double dt = t_now() - t0;
-        set_flag(0, FLAG_DONE, 1);
-        T_EXPECT(dt < 2.0, "ema_reclaim while the owner holds its part each step took %.3f s "
-                 "(timeout 10 s): the recall never refused", dt);
-        printf("# rank %d's reclaim of %zu bytes failed in %.1f ms: the owner had nowhere to "
-               "move them between its steps\n", L, take, dt * 1e3);
-        fflush(stdout);
-        ema_mem_stat_t m = {0};
-        T_OK(ema_mem_stat(&m));
-        T_EXPECT(m.bytes_lent == lent, "lender lends %zu after the refused reclaim, not %zu",
-                 m.bytes_lent, lent);
-        if (m.bytes_withheld > 0) {
-            T_STATUS(ema_reclaim_release(m.bytes_withheld), EMA_SUCCESS);
-        }
+        reclaim_expect_refused(take, lent,
+                               "the owner had nowhere to move them between its held steps",
+                               set_owner_done);
     }
     T_OK(ema_barrier());
     if (ok && ema_t_rank == 0) {

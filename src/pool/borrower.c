@@ -235,6 +235,7 @@ static void ema_pool_giveback(ema__pool_t *pool, int lender, uint32_t count, con
         ema_debug("%u segments of lost rank %d dropped, not given back", count, lender);
         return;
     }
+    ema_debug("giving back %u segments to rank %d", count, lender);
     ema_pool_msg_t m;
     memset(&m, 0, sizeof(m));
     m.type  = EMA_POOL_MSG_GIVEBACK;
@@ -500,6 +501,7 @@ void ema__pool_recall_job(void *arg)
     int granted         = 0;
 
     EMA_WIN_ASSERT_NONE_LOCKED(); /* a long job; ema__win_recall takes the locks */
+    ema_debug("recall of %u segments from rank %d: the job starts", n, job->src);
 
     if (found == NULL || held == NULL || refuse == NULL) {
         ema_error("out of memory handling a recall from rank %d", job->src);

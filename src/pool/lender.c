@@ -234,6 +234,7 @@ ema_status_t ema__pool_reclaim(ema__pool_t *pool, uint32_t target, uint64_t time
             m.type  = EMA_POOL_MSG_RECALL;
             m.count = n;
             ema__pool_send(pool, b, &m, segs, (size_t)n * sizeof(uint32_t));
+            ema_debug("recalled %u segments from rank %d", n, b);
             sent += n;
         }
         if (timeout_ms != EMA_TIMEOUT_INFINITE &&
@@ -278,6 +279,8 @@ ema_status_t ema__pool_reclaim(ema__pool_t *pool, uint32_t target, uint64_t time
         status = EMA_ERR_NO_MEMORY;
     }
     double us = ema__now_us() - t0;
+    ema_debug("reclaim of %u segments (%u recalled): %s after %.0f us", target, sent,
+              ema_strerror(status), us);
     if (sent > 0) {
         atomic_fetch_add(&pool->reclaims, 1);
         pool->reclaim_last_us = us;

@@ -144,6 +144,7 @@ void ema__pool_dispatch(void *arg, int src, const void *data, size_t len)
         if (m.type == EMA_POOL_MSG_BORROW) {
             ema__xport_defer(pool->xp, EMA_JOB_QUICK, ema__pool_borrow_job, job);
         } else {
+            ema_debug("recall of %zu segments from rank %d: queued", n, src);
             ema__win_recall_begin(pool->win); /* prefetch policies yield to it */
             ema__xport_defer(pool->xp, EMA_JOB_LONG, ema__pool_recall_job, job);
         }

@@ -1,5 +1,6 @@
 #include "log.h"
 #include "assertion.h"
+#include "clock.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -34,8 +35,12 @@ void ema__log(ema_log_level_t level, const char *file, int line, const char *fmt
     const char *base = strrchr(file, '/');
     int n;
     if (level >= EMA_LOG_DEBUG) {
-        n = snprintf(out, sizeof(out), "[ema %d:%d] %s: %s (%s:%d)\n", ema_log_rank,
-                     (int)getpid(), ema_log_names[level], msg, base ? base + 1 : file, line);
+        /* with the monotonic clock in microseconds: one clock for every
+         * process of the machine, so the ranks' lines of one migration can
+         * be put in order and timed against each other */
+        n = snprintf(out, sizeof(out), "[ema %d:%d %.1f] %s: %s (%s:%d)\n", ema_log_rank,
+                     (int)getpid(), ema__now_us(), ema_log_names[level], msg,
+                     base ? base + 1 : file, line);
     } else {
         n = snprintf(out, sizeof(out), "[ema %d:%d] %s: %s\n", ema_log_rank, (int)getpid(),
                      ema_log_names[level], msg);

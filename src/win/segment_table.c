@@ -341,7 +341,7 @@ ema_status_t ema__win_seg_move_batch(ema_win_h win, const uint32_t *idx, const e
     uint32_t *pcnt = calloc(n ? n : 1, sizeof(*pcnt)); /* and segments */
     void **marks = NULL;
     ema_status_t status = EMA_SUCCESS, setup;
-    uint32_t nruns = 0, r, i, k, ready, copied = 0, npieces = 0, nbatch = 0;
+    uint32_t nruns = 0, r, i, k, ready, copied = 0, npieces = 0, nbatch = 0, ncopies = 0;
     int aliased = 0, marked = 0, handed = 0;
     double t0 = ema__now_us(), t1 = t0, t2 = t0, t3 = 0, t_wait = 0, t_unmap = 0, t_map = 0;
 
@@ -383,6 +383,7 @@ ema_status_t ema__win_seg_move_batch(ema_win_h win, const uint32_t *idx, const e
                 }
                 status = dev->ops->copy_start(dev, (char *)runs[r].dst + (size_t)o * seg,
                                               src[b], (size_t)c * seg);
+                ncopies++;
                 o += c;
             }
         }
@@ -526,10 +527,11 @@ out:
         }
     }
     if (runs != NULL) {
-        ema_debug("window %u: moved %u of %u segments in %u runs (%s): setup %.0f us, copies "
-                  "queued %.0f us, copies waited for %.0f us, %s %.0f us, %u remaps: unmap "
-                  "%.0f us, map %.0f us", win->id, *ok_p, n, nruns,
-                  aliased ? "aliased" : "through the window", t1 - t0, t2 - t1,
+        ema_debug("window %u: moved %u of %u segments in %u runs (%s): setup %.0f us, %u "
+                  "copies queued %.0f us, copies waited for %.0f us, %s %.0f us, %u remaps: "
+                  "unmap %.0f us, map %.0f us", win->id, *ok_p, n, nruns,
+                  aliased ? "aliased" : "through the window", t1 - t0,
+                  aliased ? ncopies : npieces, t2 - t1,
                   t_wait > 0 ? t_wait - t2 : 0, handed ? "handed over, done after" : "done after",
                   (handed ? t3 : ema__now_us()) - t0, nbatch, t_unmap, t_map);
     }

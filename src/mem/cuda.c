@@ -407,12 +407,12 @@ streams:
             goto err;
         }
     }
-    /* Aligned to a segment, as every window range (cuda_reserve): a
-     * migration copies into the segments through this range, and with only
-     * the granularity's alignment the copy engines ran at 1.65 TB/s in some
-     * launches instead of 2.07 (a 1 GiB reclaim at 0.70x a copy's speed
-     * instead of 0.90x, session 12); the segment-aligned ranges always ran
-     * at full speed.  Falls back to the granularity. */
+    /* Aligned to a segment, as every window range (cuda_reserve), else to
+     * the granularity.  Tried in session 12 against the launches where a
+     * migration's copies into this range ran at 1.65 TB/s instead of 2.07
+     * (a 1 GiB reclaim at 0.70x a copy's speed instead of 0.90x): it did not
+     * remove them (H200, 7 launches each; doc/performance.md), and is kept
+     * so that every range of the arena's segments is aligned alike. */
     res = CUDA_ERROR_OUT_OF_MEMORY;
     if (arena->seg_size % ca->gran == 0) {
         res = ema__cu.cuMemAddressReserve(&base, arena->capacity, arena->seg_size, 0, 0);

@@ -43,10 +43,10 @@ static uint32_t ema_win_runs(const uint32_t *idx, uint32_t n, uint32_t *first, u
     return nruns;
 }
 
-/* The hand-over of a recall (EMA_WIN_MOVE_HANDOVER_FIRST): once the copies
- * are complete (segment_table.c), the segments' new locations go out to
- * every rank and their old memory back to its lenders, before the owner's
- * window ranges are unmapped and the new memory mapped there.  Until then the owner keeps
+/* The hand-over of a recall (EMA_WIN_MOVE_HANDOVER_FIRST): once the copied
+ * segments' window ranges are unmapped (segment_table.c), their new
+ * locations go out to every rank and their old memory back to its lenders,
+ * before the new memory is mapped in the window.  Until then the owner keeps
  * each segment MOVING, so its own acquires and operations wait for the map;
  * the other ranks never reach a segment through the owner's window range, so
  * they use the new memory at once. */

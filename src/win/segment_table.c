@@ -207,35 +207,51 @@ static ema_status_t ema_win_remap_runs(ema_win_h win, const ema_win_move_run_t *
 }
 
 /*
- * The hand-over, once every copy is complete: @handover publishes and
- * gives back runs[0..nr), then each run's window range is unmapped and its
- * new memory mapped.  The source is torn down after the hand-over, not
- * beside the copies (until session 12, so that no access through the
- * window could reach the old memory once given back): on the H200 a 1 GiB
- * reclaim whose window ranges were unmapped while its copies ran saw those
- * copies at 1.65 TB/s in some launches instead of 2.07, and the unmaps
- * (about 200 us a GiB) are now off the lender's wait.  Meanwhile the
- * owner's range still maps the memory given back: the segments stay
- * MOVING for the owner until mapped (migrate.c ema_win_handover), so its
- * puts, gets and acquires wait, and no other rank reaches a segment
- * through the owner's range; only a kernel of the owner's that runs over
- * the range without ema_win_acquire, which ema(7) forbids, could reach it.
- * A range whose unmap or map fails is said in an error (with the map, it
- * is left unmapped).
+ * The hand-over's two halves.  First each run's window range is unmapped
+ * (on host, put back to PROT_NONE), so that no access through the window
+ * can reach the old memory once it is given back: an aliased batch does it
+ * while its copies run (they do not read the window), a batch through the
+ * window after them.  Returns how many runs, from the first, are unmapped:
+ * a run whose unmap fails, and those after it, are not handed over and keep
+ * their old memory and data.
  */
-static ema_status_t ema_win_hand_over(ema_win_h win, const ema_win_move_run_t *runs,
-                                      uint32_t nr, const uint32_t *idx, const ema__loc_t *loc,
-                                      const int64_t *hdl, ema__win_handover_fn handover,
-                                      void *ho_arg, uint32_t *ok_p, uint32_t *nbatch,
-                                      double *t_unmap, double *t_map) EMA_REQUIRES(win->lock)
+static uint32_t ema_win_unmap_runs(ema_win_h win, const ema_win_move_run_t *runs,
+                                   uint32_t ready, const uint32_t *idx, double *t_unmap)
+    EMA_REQUIRES(win->lock)
 {
     ema__mem_arena_t *dev = win->ctx->tier[EMA_TIER_DEVICE];
     size_t seg = win->ctx->seg_size;
+    double t   = ema__now_us();
+    uint32_t u;
+
+    for (u = 0; u < ready; u++) {
+        if (dev->ops->unmap(dev, (char *)win->base + (size_t)idx[runs[u].first] * seg,
+                            (size_t)runs[u].count * seg) != EMA_SUCCESS) {
+            ema_error("window %u: segments %u..%u keep their old memory: unmapping it "
+                      "failed", win->id, idx[runs[u].first],
+                      idx[runs[u].first] + runs[u].count - 1);
+            break;
+        }
+    }
+    *t_unmap += ema__now_us() - t;
+    return u;
+}
+
+/* Second half, once every copy is complete: @handover publishes and gives
+ * back the @u runs unmapped, then their new memory is mapped.  A map that
+ * fails leaves its range unmapped (said in an error); the others are still
+ * mapped. */
+static ema_status_t ema_win_hand_over(ema_win_h win, const ema_win_move_run_t *runs,
+                                      uint32_t u, const uint32_t *idx, const ema__loc_t *loc,
+                                      const int64_t *hdl, ema__win_handover_fn handover,
+                                      void *ho_arg, uint32_t *ok_p, uint32_t *nbatch,
+                                      double *t_map) EMA_REQUIRES(win->lock)
+{
     ema_status_t status = EMA_SUCCESS;
     double t;
 
-    if (nr == 0) {
-        return EMA_SUCCESS;
+    if (u == 0) {
+        return EMA_ERR_IO; /* said by ema_win_unmap_runs */
     }
     /* The segments have moved once their data is copied: counted just
      * before the hand-over publishes their new locations and gives the
@@ -244,30 +260,14 @@ static ema_status_t ema_win_hand_over(ema_win_h win, const ema_win_move_run_t *r
      * ema_win_stat, which reads a busy window without its lock.  Counted
      * after the maps, they trailed the lender by the maps' time (about
      * 0.3 ms per run on an H200; test_elastic saw 1 of 4). */
-    for (uint32_t r = 0; r < nr; r++) {
+    for (uint32_t r = 0; r < u; r++) {
         win->stats.migrations += runs[r].count;
     }
-    handover(ho_arg, runs[nr - 1].first + runs[nr - 1].count);
-    for (uint32_t r = 0; r < nr; r++) {
+    handover(ho_arg, runs[u - 1].first + runs[u - 1].count);
+    t = ema__now_us();
+    for (uint32_t r = 0; r < u; r++) {
         uint32_t f = runs[r].first, c = runs[r].count;
-        ema_status_t st;
-        t = ema__now_us();
-        /* cuda cannot map over a mapping; on host MAP_FIXED replaces it */
-        st = (dev->ops->kind != EMA_MEMORY_KIND_HOST)
-                 ? dev->ops->unmap(dev, (char *)win->base + (size_t)idx[f] * seg,
-                                   (size_t)c * seg)
-                 : EMA_SUCCESS;
-        *t_unmap += ema__now_us() - t;
-        if (st != EMA_SUCCESS) {
-            ema_error("window %u: segments %u..%u: unmapping the memory given back failed "
-                      "after the hand-over: the owner's range still maps it", win->id,
-                      idx[f], idx[f] + c - 1);
-            status = (status == EMA_SUCCESS) ? st : status;
-            continue;
-        }
-        t  = ema__now_us();
-        st = ema__win_seg_map_many(win, idx[f], loc[f], c, hdl[f]);
-        *t_map += ema__now_us() - t;
+        ema_status_t st = ema__win_seg_map_many(win, idx[f], loc[f], c, hdl[f]);
         (*nbatch)++;
         if (st == EMA_SUCCESS) {
             *ok_p += c;
@@ -277,6 +277,7 @@ static ema_status_t ema_win_hand_over(ema_win_h win, const ema_win_move_run_t *r
             status = (status == EMA_SUCCESS) ? st : status;
         }
     }
+    *t_map += ema__now_us() - t;
     return status;
 }
 
@@ -388,18 +389,26 @@ ema_status_t ema__win_seg_move_batch(ema_win_h win, const uint32_t *idx, const e
         }
         t2 = ema__now_us();
         if (handover != NULL) {
-            /* every copy, then the hand-over, then the window's ranges
-             * are remapped (ema_win_hand_over) */
+            /* the window's ranges go while the copies run; then the
+             * hand-over, then the new memory is mapped */
+            uint32_t u = (status == EMA_SUCCESS) ? ema_win_unmap_runs(win, runs, ready, idx,
+                                                                     &t_unmap)
+                                                 : 0;
             if (dev->ops->copy_wait != NULL) {
                 ema_status_t st = dev->ops->copy_wait(dev);
                 status = (status == EMA_SUCCESS) ? st : status;
                 t_wait = ema__now_us();
             }
             if (status == EMA_SUCCESS) {
-                status = ema_win_hand_over(win, runs, ready, idx, loc, hdl, handover, ho_arg,
-                                           ok_p, &nbatch, &t_unmap, &t_map);
-                handed = (ready > 0);
+                status = ema_win_hand_over(win, runs, u, idx, loc, hdl, handover, ho_arg,
+                                           ok_p, &nbatch, &t_map);
+                handed = (u > 0);
                 t3     = ema__now_us();
+            } else if (u > 0) {
+                /* a copy failed on the device: a sticky error of the CUDA
+                 * context, after which none of its memory is usable */
+                ema_error("window %u: a migration's copy failed after %u runs were "
+                          "unmapped: their data is lost", win->id, u);
             }
             goto out;
         }
@@ -466,9 +475,10 @@ ema_status_t ema__win_seg_move_batch(ema_win_h win, const uint32_t *idx, const e
             }
         }
         if (status == EMA_SUCCESS && copied > 0) {
-            status = ema_win_hand_over(win, runs, ready, idx, loc, hdl, handover, ho_arg, ok_p,
-                                       &nbatch, &t_unmap, &t_map);
-            handed = (ready > 0);
+            uint32_t u = ema_win_unmap_runs(win, runs, ready, idx, &t_unmap);
+            status = ema_win_hand_over(win, runs, u, idx, loc, hdl, handover, ho_arg, ok_p,
+                                       &nbatch, &t_map);
+            handed = (u > 0);
             t3     = ema__now_us();
         }
     } else {

@@ -484,8 +484,8 @@ def tabulate(a, data):
                 lines.append("| %s | %.3f | %.3f–%.3f | %s |" % (label, m, lo, hi, goal))
                 json_out.setdefault(scn, {}).setdefault("ratios", {})[label] = r
         if scn != "allbusy":
-            # A run has only about a hundred cold requests, so its p99 is
-            # close to its slowest request: pooled over the seeds as well
+            # A run has few cold requests (about 80 on the H200), so its
+            # p99 is close to its slowest request: pooled over the seeds too
             cells, pooled = [], {}
             for cfg in cfgs:
                 runs = data[(scn, cfg, None)]

@@ -222,7 +222,7 @@ for p in "${progs[@]}"; do
             step "$name $mode np4" run_mpi_env 4 EMA_DEBUG_WIN_LINK_DELAY=300000 -- "$p" "$mode"
         done
         # sized in segments too: an acquire loop under a lock the reclaim
-        # callback takes (added in session 11; not yet run on a GPU)
+        # callback takes
         step "$name cblock np4" run_mpi_env 4 EMA_SPILL=none EMA_LEND_RESERVE=0 -- "$p" cblock
         ;;
     test_policy)

@@ -73,6 +73,15 @@ typedef struct cuda_import {
     CUmemGenericAllocationHandle h;      /* ours */
 } cuda_import_t;
 
+/* The alignment of every range segments are mapped in (the arena's own,
+ * the windows', the mirrors'): a segment where the segment size is a
+ * multiple of the granularity, so that each mapping is aligned alike;
+ * else the granularity. */
+static size_t cuda_seg_align(const ema__mem_arena_t *arena, const ema_cuda_arena_t *ca)
+{
+    return (ca->gran != 0 && arena->seg_size % ca->gran == 0) ? arena->seg_size : ca->gran;
+}
+
 static ema_status_t cuda_ctx_set(ema_cuda_arena_t *ca)
 {
     CUresult res;
@@ -407,19 +416,13 @@ streams:
             goto err;
         }
     }
-    /* Aligned to a segment, as every window range (cuda_reserve), else to
-     * the granularity.  Tried in session 12 against the launches where a
-     * migration's copies into this range ran at 1.65 TB/s instead of 2.07
-     * (a 1 GiB reclaim at 0.70x a copy's speed instead of 0.90x): it did not
-     * remove them (H200, 7 launches each; doc/performance.md), and is kept
-     * so that every range of the arena's segments is aligned alike. */
-    res = CUDA_ERROR_OUT_OF_MEMORY;
-    if (arena->seg_size % ca->gran == 0) {
-        res = ema__cu.cuMemAddressReserve(&base, arena->capacity, arena->seg_size, 0, 0);
-    }
-    if (res != CUDA_SUCCESS) {
-        EMA_CU_CALL(res, cuMemAddressReserve, &base, arena->capacity, ca->gran, 0, 0);
-    }
+    /* Aligned as every window range (cuda_seg_align).  Tried in session 12
+     * against the launches where a migration's copies into this range ran
+     * at 1.65 TB/s instead of 2.07 (a 1 GiB reclaim at 0.70x a copy's speed
+     * instead of 0.90x): it did not remove them (H200, 7 launches each;
+     * doc/performance.md). */
+    EMA_CU_CALL(res, cuMemAddressReserve, &base, arena->capacity, cuda_seg_align(arena, ca), 0,
+                0);
     if (res != CUDA_SUCCESS) {
         status = ema__cu_status(res);
         goto err;
@@ -468,10 +471,8 @@ static ema_status_t cuda_reserve(ema__mem_arena_t *arena, size_t len, void **add
     if (status != EMA_SUCCESS) {
         return status;
     }
-    /* Aligned to a segment where possible, so each mapping is aligned as
-     * the arena's own are. */
-    EMA_CU_CALL(res, cuMemAddressReserve, &ptr, cuda_round(ca, len),
-                (arena->seg_size % ca->gran == 0) ? arena->seg_size : ca->gran, 0, 0);
+    EMA_CU_CALL(res, cuMemAddressReserve, &ptr, cuda_round(ca, len), cuda_seg_align(arena, ca),
+                0, 0);
     if (res != CUDA_SUCCESS) {
         return (res == CUDA_ERROR_OUT_OF_MEMORY) ? EMA_ERR_NO_RESOURCE : ema__cu_status(res);
     }

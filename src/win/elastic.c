@@ -373,14 +373,18 @@ static ema_status_t ema_win_hold(ema_win_h win, size_t offset, size_t len, int d
     if (len == 0) {
         return EMA_ERR_INVALID_PARAM;
     }
-    do { /* the part may shrink while an acquire waits for recalls */
+    for (;;) {
         size = atomic_load(&part->size);
         if (offset > size || len > size - offset) {
             return EMA_ERR_RANGE;
         }
         first = (uint32_t)(offset / seg);
         last  = (uint32_t)((offset + len - 1) / seg);
-    } while (delta > 0 && !waited && (waited = ema_win_hold_wait_recalls(win, first, last)));
+        if (delta < 0 || waited || !ema_win_hold_wait_recalls(win, first, last)) {
+            break;
+        }
+        waited = 1; /* the part may have shrunk meanwhile: look again */
+    }
     if (delta < 0) {
         for (uint32_t i = first; i <= last; i++) {
             if (atomic_load(&win->held[i]) <= 0) {

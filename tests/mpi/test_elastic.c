@@ -1721,6 +1721,25 @@ static void test_grow_fails_no_memory_when_all_peer_memory_used(void)
 
 /* ------------------------------------------------------------------------ */
 
+/* Rank 0's window grown by all of its peers' lendable memory (*@pl),
+ * filled from @seed; *@L is the rank that lent the most, *@lent what it
+ * lent, *@take a reclaim of all its memory (free and lent).  Returns
+ * grow_window's answer. */
+static int grow_into_all_lendable(grown_t *g, uint64_t seed, size_t *pl, int *L, size_t *lent,
+                                  size_t *take)
+{
+    ema_mem_stat_t st[64];
+
+    gather_mem_stats(st);
+    *pl    = peers_lendable(st);
+    int ok = grow_window(g, *pl, 0, seed);
+    gather_mem_stats(st);
+    *L    = top_lender(st);
+    *lent = st[*L].bytes_lent;
+    *take = st[*L].bytes_free + st[*L].bytes_lent;
+    return ok;
+}
+
 /* The lender's reclaim of @take, which the borrower refuses (nowhere to
  * move): EMA_ERR_NO_MEMORY within 2 s (not the 10 s timeout), @lent still
  * lent after it, and what it withheld released.  @after, if any, runs as
@@ -1755,16 +1774,12 @@ static void reclaim_expect_refused(size_t take, size_t lent, const char *why,
 static void test_reclaim_with_nowhere_to_move_fails_fast(void)
 {
     grown_t g;
-    ema_mem_stat_t st[64];
+    size_t pl, lent, take;
+    int L;
 
     scenario_begin(__func__);
     wait_clean("start");
-    gather_mem_stats(st);
-    size_t pl = peers_lendable(st);
-    int ok = grow_window(&g, pl, 0, 130);
-    gather_mem_stats(st);
-    int L = top_lender(st);
-    size_t lent = st[L].bytes_lent, take = st[L].bytes_free + st[L].bytes_lent;
+    int ok = grow_into_all_lendable(&g, 130, &pl, &L, &lent, &take);
     if (ok && ema_t_rank == L) {
         reclaim_expect_refused(take, lent, "nowhere to move them", NULL);
     }
@@ -1826,8 +1841,9 @@ static void test_reclaim_with_nowhere_to_move_fails_fast(void)
  * On the 2-core CI machine: judging "held" after the move (before
  * db790a8), 3 of 5 runs took 2.4-8.9 s; judging it before the move, 4 of
  * 5 took 1.2-1.5 s (the recall rarely found the part unheld); with an
- * acquire that lets a due recall go first as well, 3-16 ms (6 runs).
- * With a gap of 10 us, 6 runs each: 2 over 4 s, 2.5-846 ms, 1.8-16 ms. */
+ * acquire that lets a due recall go first as well, 3-16 ms (e61948b) and
+ * 1.1-4.1 ms (85f824f, as now), 6 runs each.  With a gap of 10 us, 6 runs
+ * each: 2 over 4 s, 2.5-846 ms, 1.8-16 ms. */
 #define GAP_US 0.0
 
 static void spin_us(double us)
@@ -1846,17 +1862,13 @@ static void set_owner_done(void)
 static void test_reclaim_while_owner_holds_each_step_fails_fast(void)
 {
     grown_t g;
-    ema_mem_stat_t st[64];
+    size_t pl, lent, take;
+    int L;
 
     scenario_begin(__func__);
     wait_clean("start");
     clear_own_flags();
-    gather_mem_stats(st);
-    size_t pl = peers_lendable(st);
-    int ok = grow_window(&g, pl, 0, 140);
-    gather_mem_stats(st);
-    int L = top_lender(st);
-    size_t lent = st[L].bytes_lent, take = st[L].bytes_free + st[L].bytes_lent;
+    int ok = grow_into_all_lendable(&g, 140, &pl, &L, &lent, &take);
     T_OK(ema_barrier());
     if (ok && ema_t_rank == 0) {
         /* steps: held 2 ms, then a short gap (the stat calls and the

@@ -640,10 +640,9 @@ static void test_acquire_never_runs_or_waits_behind_a_callback(void)
                  atomic_load(&cb_on_main), atomic_load(&cb_edeadlk));
         T_EXPECT(maxacq < 0.5, "an acquire took %.3f s: it waited for a recall whose callback "
                  "waited for the acquiring thread", maxacq);
-        size_t bad = SIZE_MAX;
         uint64_t *buf = t_malloc(size);
         own_read(win, wb, 0, buf, size);
-        bad = check_buf(buf, 0, size, 77);
+        size_t bad = check_buf(buf, 0, size, 77);
         free(buf);
         T_EXPECT(bad == SIZE_MAX, "owner's word at %zu wrong after the recalls", bad);
     } else if (maxrec > 0) {

@@ -82,23 +82,7 @@ struct kv_cache {
     size_t      peak_bucket;
     uint64_t    unmet_seen;          /* ema_mem_stat's bytes_unmet, last seen */
     double      demand_until;        /* a peer was short: shrink eagerly until then */
-    /* elastic, asynchronous grows (kv_grower): the engine asks, the grower
-     * grows, the engine applies the result at its next look (kv_grow_collect) */
-    int         async;
-    pthread_t   grower;
-    pthread_mutex_t g_mu;
-    pthread_cond_t  g_cv;
-    int         g_state;             /* KV_G_*, under g_mu */
-    int         g_quit;
-    size_t      g_want, g_segs;      /* the part asked for and the segments it adds */
-    ema_status_t g_status;
-    double      g_us;                /* ema_win_grow's time */
-    ema_mem_stat_t g_m0, g_m1;       /* before and after it */
 };
-
-enum { KV_G_IDLE, KV_G_ASKED, KV_G_DONE };
-
-static void *kv_grower(void *arg);
 
 static void kv_die(const char *what, ema_status_t s)
 {
@@ -263,13 +247,6 @@ kv_cache_t *kv_cache_create(const kv_params_t *p, int rank, int nranks, size_t c
         (s = ema_win_set_reclaim_cb(kc->win, kv_reclaim_cb, kc)) != EMA_SUCCESS) {
         kv_die("ema_win_set_reclaim_cb", s);
     }
-    pthread_mutex_init(&kc->g_mu, NULL);
-    pthread_cond_init(&kc->g_cv, NULL);
-    kc->async = kc->cfg == KV_CFG_ELASTIC && p->grow_async;
-    if (kc->async && pthread_create(&kc->grower, NULL, kv_grower, kc) != 0) {
-        fprintf(stderr, "kv_serving: rank %d: cannot start the grower thread\n", rank);
-        exit(1);
-    }
     if (kc->cfg == KV_CFG_ORACLE) {
         kv_pool_init(nranks, (int64_t)kc->c_blocks);
     }
@@ -278,15 +255,6 @@ kv_cache_t *kv_cache_create(const kv_params_t *p, int rank, int nranks, size_t c
 
 void kv_cache_destroy(kv_cache_t *kc)
 {
-    if (kc->async) {
-        pthread_mutex_lock(&kc->g_mu);
-        kc->g_quit = 1;
-        pthread_cond_broadcast(&kc->g_cv);
-        pthread_mutex_unlock(&kc->g_mu);
-        pthread_join(kc->grower, NULL); /* a grow under way ends first */
-    }
-    pthread_mutex_destroy(&kc->g_mu);
-    pthread_cond_destroy(&kc->g_cv);
     ema_status_t s = ema_win_free(kc->win);
     if (s != EMA_SUCCESS) {
         kv_die("ema_win_free", s);
@@ -325,38 +293,33 @@ size_t kv_cache_free_blocks(kv_cache_t *kc)
 
 /* --- elastic grow ------------------------------------------------------------ */
 
-/*
- * Grows run on the engine's thread in the step (--grow sync), or on a
- * thread of their own (--grow async, the default) while the engine goes on
- * stepping with the memory it has: a grow that recalls memory this rank
- * lent waits for the borrower's step (ema_win_acquire), about 9 ms on the
- * H200, and one the borrower refuses about 5.5 ms (session 12, run28:
- * 1.3% of the hot rank's time blocked in EMA calls).  A serving engine's
- * block manager does not stop the batch for that; here prefill admission
- * does not wait for a grow (the head of the queue waits, the running
- * requests decode), and a decode step that needs blocks waits for the grow
- * under way rather than preempt.  The grower's time is not charged to the
- * host kind's virtual clock (it overlaps the steps); a decode step's wait
- * for it is.  Grows and shrinks of the part never overlap (ema_win_grow(3):
- * one thread at a time): the engine shrinks only while no grow is asked.
- */
-
-/* What a grow of @segs segments to @want did (@s, after @us; the memory
- * before and after in @m0, @m1): the part, the events, the back-off. */
-static int kv_grow_account(kv_cache_t *kc, size_t segs, size_t want, ema_status_t s, double us,
-                           const ema_mem_stat_t *m0, const ema_mem_stat_t *m1, double now)
+static int kv_grow(kv_cache_t *kc, size_t missing, double now)
 {
+    size_t segs = (missing + kc->bps - 1) / kc->bps;
+    size_t want = kc->nsegs + segs;
+    ema_mem_stat_t m0 = {0}, m1 = {0};
+    ema_status_t s;
+    double t0;
+
+    if (want > kc->max_segs || now < kc->next_grow || now < kc->hold_until) {
+        return -1;
+    }
+    KV_TIMED(kc, ema_mem_stat(&m0));
+    t0 = kv_now();
+    s = ema_win_grow(kc->win, want * kc->seg);
+    double us = (kv_now() - t0) * 1e6;
+    kc->ema_us += us;
+    KV_TIMED(kc, ema_mem_stat(&m1));
     if (s == EMA_SUCCESS) {
         kv_set_segs(kc, want);
         kv_stats_event(kc->st, now, "grow", (double)(segs * kc->seg), us);
-        if (m1->bytes_lent < m0->bytes_lent) {
-            kv_stats_event(kc->st, now, "recall", (double)(m0->bytes_lent - m1->bytes_lent), us);
+        if (m1.bytes_lent < m0.bytes_lent) {
+            kv_stats_event(kc->st, now, "recall", (double)(m0.bytes_lent - m1.bytes_lent), us);
         }
         if (kc->wait_start >= 0) {
-            kv_stats_event(kc->st, now, "lender_wait", 0,
-                           fmax(0, (now - kc->wait_start) * 1e6) + (kc->async ? 0 : us));
+            kv_stats_event(kc->st, now, "lender_wait", 0, (now - kc->wait_start) * 1e6 + us);
             kc->wait_start = -1;
-        } else if (m1->bytes_lent < m0->bytes_lent) {
+        } else if (m1.bytes_lent < m0.bytes_lent) {
             kv_stats_event(kc->st, now, "lender_wait", 0, us);
         }
         kc->backoff   = kc->p->grow_backoff_s;
@@ -367,7 +330,7 @@ static int kv_grow_account(kv_cache_t *kc, size_t segs, size_t want, ema_status_
         kv_die("ema_win_grow", s);
     }
     kv_stats_event(kc->st, now, "grow_fail", (double)(segs * kc->seg), us);
-    if (m0->bytes_lent > 0 && segs * kc->seg > m0->bytes_free) {
+    if (m0.bytes_lent > 0 && segs * kc->seg > m0.bytes_free) {
         /* memory we lent would have served it: a borrower refused (it had
          * nowhere to move it) and will give it back (bytes_wanted) */
         kv_stats_event(kc->st, now, "refusal", (double)(segs * kc->seg), us);
@@ -387,119 +350,7 @@ static int kv_grow_account(kv_cache_t *kc, size_t segs, size_t want, ema_status_
     return -1;
 }
 
-static void *kv_grower(void *arg)
-{
-    kv_cache_t *kc = arg;
-
-    pthread_mutex_lock(&kc->g_mu);
-    for (;;) {
-        while (kc->g_state != KV_G_ASKED && !kc->g_quit) {
-            pthread_cond_wait(&kc->g_cv, &kc->g_mu);
-        }
-        if (kc->g_quit) {
-            break;
-        }
-        size_t want = kc->g_want;
-        pthread_mutex_unlock(&kc->g_mu);
-
-        ema_mem_stat_t m0 = {0}, m1 = {0};
-        ema_status_t s;
-        if ((s = ema_mem_stat(&m0)) != EMA_SUCCESS) {
-            kv_die("ema_mem_stat", s);
-        }
-        double t0 = kv_now();
-        s = ema_win_grow(kc->win, want * kc->seg);
-        double us = (kv_now() - t0) * 1e6;
-        ema_status_t s1 = ema_mem_stat(&m1);
-        if (s1 != EMA_SUCCESS) {
-            kv_die("ema_mem_stat", s1);
-        }
-
-        pthread_mutex_lock(&kc->g_mu);
-        kc->g_status = s;
-        kc->g_us     = us;
-        kc->g_m0     = m0;
-        kc->g_m1     = m1;
-        kc->g_state  = KV_G_DONE;
-        pthread_cond_broadcast(&kc->g_cv);
-    }
-    pthread_mutex_unlock(&kc->g_mu);
-    return NULL;
-}
-
-/* Apply the grow the grower finished, if any; with @wait, first wait for
- * the one asked.  The wait is the engine's time blocked on EMA. */
-static void kv_grow_collect(kv_cache_t *kc, double now, int wait)
-{
-    if (!kc->async) {
-        return;
-    }
-    double t0 = kv_now();
-    pthread_mutex_lock(&kc->g_mu);
-    while (wait && kc->g_state == KV_G_ASKED) {
-        pthread_cond_wait(&kc->g_cv, &kc->g_mu);
-    }
-    if (kc->g_state != KV_G_DONE) {
-        pthread_mutex_unlock(&kc->g_mu);
-        return;
-    }
-    size_t want = kc->g_want, segs = kc->g_segs;
-    ema_status_t s = kc->g_status;
-    double us = kc->g_us;
-    ema_mem_stat_t m0 = kc->g_m0, m1 = kc->g_m1;
-    kc->g_state = KV_G_IDLE;
-    pthread_mutex_unlock(&kc->g_mu);
-    if (wait) {
-        kc->ema_us += (kv_now() - t0) * 1e6;
-    }
-    kv_grow_account(kc, segs, want, s, us, &m0, &m1, now);
-}
-
-static int kv_grow_busy(kv_cache_t *kc)
-{
-    if (!kc->async) {
-        return 0;
-    }
-    pthread_mutex_lock(&kc->g_mu);
-    int busy = kc->g_state != KV_G_IDLE;
-    pthread_mutex_unlock(&kc->g_mu);
-    return busy;
-}
-
-/* Grow by the segments @missing blocks need: in the step (sync), or asked
- * of the grower (async: -1 now, the blocks come at a later look). */
-static int kv_grow(kv_cache_t *kc, size_t missing, double now)
-{
-    size_t segs = (missing + kc->bps - 1) / kc->bps;
-    size_t want = kc->nsegs + segs;
-    ema_mem_stat_t m0 = {0}, m1 = {0};
-    ema_status_t s;
-    double t0;
-
-    if (want > kc->max_segs || now < kc->next_grow || now < kc->hold_until) {
-        return -1;
-    }
-    if (kc->async) {
-        pthread_mutex_lock(&kc->g_mu);
-        if (kc->g_state == KV_G_IDLE) {
-            kc->g_want  = want;
-            kc->g_segs  = segs;
-            kc->g_state = KV_G_ASKED;
-            pthread_cond_broadcast(&kc->g_cv);
-        }
-        pthread_mutex_unlock(&kc->g_mu);
-        return -1;
-    }
-    KV_TIMED(kc, ema_mem_stat(&m0));
-    t0 = kv_now();
-    s = ema_win_grow(kc->win, want * kc->seg);
-    double us = (kv_now() - t0) * 1e6;
-    kc->ema_us += us;
-    KV_TIMED(kc, ema_mem_stat(&m1));
-    return kv_grow_account(kc, segs, want, s, us, &m0, &m1, now);
-}
-
-int kv_cache_reserve(kv_cache_t *kc, size_t n, double now, int wait)
+int kv_cache_reserve(kv_cache_t *kc, size_t n, double now)
 {
     switch (kc->cfg) {
     case KV_CFG_ORACLE:
@@ -515,13 +366,6 @@ int kv_cache_reserve(kv_cache_t *kc, size_t n, double now, int wait)
         kc->taken = (int64_t)n;
         return 0;
     case KV_CFG_ELASTIC:
-        kv_grow_collect(kc, now, 0);
-        if (kv_usable(kc) < n && kc->async) {
-            kv_grow(kc, n - kv_usable(kc), now); /* asks, unless one is asked already */
-            if (wait) {
-                kv_grow_collect(kc, now, 1);
-            }
-        }
         if (kv_usable(kc) >= n) {
             if (kc->wait_start >= 0) {
                 /* waiting for lent memory, the need went away (requests
@@ -533,7 +377,7 @@ int kv_cache_reserve(kv_cache_t *kc, size_t n, double now, int wait)
             }
             return 0;
         }
-        return kc->async ? -1 : kv_grow(kc, n - kv_usable(kc), now);
+        return kv_grow(kc, n - kv_usable(kc), now);
     default:
         return kv_usable(kc) >= n ? 0 : -1;
     }
@@ -708,13 +552,6 @@ size_t kv_cache_maintain(kv_cache_t *kc, kv_req_t *rq, double now, int idle,
     if (cb > kc->cb_seen) {
         kv_stats_event(kc->st, now, "recalled", (double)(cb - kc->cb_seen), 0);
         kc->cb_seen = cb;
-    }
-    /* a grow the grower finished; none of the shrinks below while one is
-     * asked (a grow and a shrink of the part must not overlap): they come
-     * at a later step */
-    kv_grow_collect(kc, now, 0);
-    if (kv_grow_busy(kc)) {
-        return 0;
     }
     /* 2. memory lenders want back and we had nowhere to move.  What we
      * gave back counts against bytes_wanted until our hold is over: the

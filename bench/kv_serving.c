@@ -261,7 +261,7 @@ static uint32_t schedule_prefill(kv_engine_t *e, double now)
             break;
         }
         uint32_t need = blocks_for(tokens);
-        if (kv_cache_reserve(e->kc, need + e->wm, now, 0) != 0) {
+        if (kv_cache_reserve(e->kc, need + e->wm, now) != 0) {
             break; /* FCFS: the head waits, and so does everyone behind it */
         }
         for (uint32_t k = 0; k < need; k++) {
@@ -285,7 +285,7 @@ static void schedule_decode(kv_engine_t *e, double now)
             kv_req_t *r = &e->rq[e->run[i]];
             need += r->kv_len == r->nblk * KV_BLOCK_TOKENS;
         }
-        if (need == 0 || kv_cache_reserve(e->kc, need, now, 1) == 0) {
+        if (need == 0 || kv_cache_reserve(e->kc, need, now) == 0) {
             break;
         }
         /* out of blocks: preempt the youngest (the latest to arrive) */
@@ -458,7 +458,7 @@ static void calibrate(kv_engine_t *e)
         uint32_t ntok = 0;
         for (uint32_t i = 0; i < nreq && i < e->nrq; i++) {
             kv_req_t *r = &e->rq[i];
-            if (kv_cache_reserve(e->kc, blocks_for(len + 8), 0, 1) != 0) {
+            if (kv_cache_reserve(e->kc, blocks_for(len + 8), 0) != 0) {
                 break;
             }
             for (uint32_t b = 0; b < blocks_for(len + 8); b++) {
@@ -549,8 +549,6 @@ static void usage(void)
         "  --backoff-ms A,B    elastic: retry a failed grow after A ms, doubling up to B\n"
         "                      (5,320; after a refusal always A)\n"
         "  --hold-ms X         elastic: no grow for X ms after a give-back (50)\n"
-        "  --grow MODE         elastic: async (default: grows run on a thread of their\n"
-        "                      own while the engine steps) or sync (in the step)\n"
         "  --model B,D,K,P     step model: base ms, decode us/token, KV us/token read,\n"
         "                      prefill us/token (8,20,0.1,40)\n"
         "  --slo TTFT,TPOT     goodput targets in seconds (2,0.05)\n"
@@ -642,14 +640,6 @@ static int parse_args(kv_params_t *p, int argc, char **argv)
         else if (!strcmp(a, "--backoff-ms"))
             sscanf(v, "%lf,%lf", &p->grow_backoff_s, &p->grow_backoff_max_s);
         else if (!strcmp(a, "--hold-ms")) p->giveback_hold_s = atof(v) * 1e-3;
-        else if (!strcmp(a, "--grow")) {
-            if (v == NULL || (strcmp(v, "async") && strcmp(v, "sync"))) {
-                fprintf(stderr, "kv_serving: --grow wants async or sync, not %s\n",
-                        v ? v : "nothing");
-                return -1;
-            }
-            p->grow_async = !strcmp(v, "async");
-        }
         else if (!strcmp(a, "--model"))
             sscanf(v, "%lf,%lf,%lf,%lf", &p->m_base_ms, &p->m_dec_us, &p->m_kv_us, &p->m_pf_us);
         else if (!strcmp(a, "--slo")) sscanf(v, "%lf,%lf", &p->slo_ttft_s, &p->slo_tpot_s);
@@ -702,7 +692,6 @@ int main(int argc, char **argv)
     p->grow_backoff_s = 5;
     p->grow_backoff_max_s = 320;
     p->giveback_hold_s = 0.05;
-    p->grow_async = 1;
     p->m_base_ms = 8;
     p->m_dec_us = 20;
     p->m_kv_us = 0.1;

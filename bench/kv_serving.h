@@ -61,7 +61,6 @@ typedef struct {
     int      eager_buckets;  /* ... and the peak over this many eighths of shrink_after_s */
     double   grow_backoff_s, grow_backoff_max_s;
     double   giveback_hold_s;
-    int      grow_async;     /* elastic: grows run on a thread of their own */
     /* step model (virtual clock of the host kind; rates of every kind) */
     double m_base_ms, m_dec_us, m_kv_us, m_pf_us;
     /* service targets (goodput) */
@@ -147,9 +146,7 @@ size_t kv_cache_free_blocks(kv_cache_t *kc);
 size_t kv_cache_used_blocks(kv_cache_t *kc);
 size_t kv_cache_c_blocks(kv_cache_t *kc);
 /* make @n blocks free (growing, or taking from the oracle's pool); 0 or -1 */
-/* @wait (elastic, asynchronous grows): wait for a grow under way rather
- * than fail at once (a decode step, which would preempt otherwise) */
-int    kv_cache_reserve(kv_cache_t *kc, size_t n, double now, int wait);
+int    kv_cache_reserve(kv_cache_t *kc, size_t n, double now);
 uint32_t kv_cache_alloc(kv_cache_t *kc, int32_t owner);
 void   kv_cache_free(kv_cache_t *kc, uint32_t blk);
 /* once a step, before scheduling: moves, bytes_wanted, shrink, oracle debt.

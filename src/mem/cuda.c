@@ -35,7 +35,10 @@
 #define _GNU_SOURCE
 #include "cuda_priv.h"
 
+#include "util/clock.h"
+
 #include <signal.h>
+#include <stdatomic.h>
 
 /* --- the arena ------------------------------------------------------------ */
 
@@ -65,6 +68,10 @@ typedef struct {
     struct cuda_import           *imports;
     uint32_t                      nimports, cap_imports;
     pthread_mutex_t               import_lock;
+    /* At debug level: a migration's copies timed on the GPU (cuda_copy_timing) */
+    CUevent                       dbg_ev[2];
+    atomic_int                    dbg_armed; /* 1: a batch is being timed, 2: arming */
+    double                        dbg_t0;    /* when its first copy was queued */
 } ema_cuda_arena_t;
 
 typedef struct cuda_import {
@@ -227,6 +234,11 @@ static void cuda_arena_destroy(ema__mem_arena_t *arena)
     for (int i = 0; i < CUDA_NSTREAMS; i++) {
         if (ca->streams[i] != NULL) {
             ema__cu.cuStreamDestroy(ca->streams[i]);
+        }
+    }
+    for (int i = 0; i < 2; i++) {
+        if (ca->dbg_ev[i] != NULL) {
+            ema__cu.cuEventDestroy(ca->dbg_ev[i]);
         }
     }
     if (ca->ctx != NULL) {
@@ -412,6 +424,15 @@ streams:
         EMA_CU_CALL(res, cuStreamCreate, &ca->streams[i], CU_STREAM_NON_BLOCKING);
         if (res != CUDA_SUCCESS) {
             ca->streams[i] = NULL;
+            status = ema__cu_status(res);
+            goto err;
+        }
+    }
+    if (ema__log_level >= EMA_LOG_DEBUG) {
+        for (int i = 0; i < 2 && res == CUDA_SUCCESS; i++) {
+            EMA_CU_CALL(res, cuEventCreate, &ca->dbg_ev[i], CU_EVENT_DEFAULT);
+        }
+        if (res != CUDA_SUCCESS) {
             status = ema__cu_status(res);
             goto err;
         }
@@ -743,6 +764,54 @@ static ema_status_t cuda_unmap(ema__mem_arena_t *arena, void *addr, size_t len)
     return status;
 }
 
+/*
+ * Debug level only: how long a migration's copies waited to start on the
+ * GPU and how long they ran there.  An event is recorded before the first
+ * copy of a batch and after each; the wait for the stream reports the time
+ * between the two events (the copies' run) and the time since the first
+ * was queued, whose difference is the wait to start.  Session 13 found
+ * with it that a 1 GiB reclaim's slow launches (0.70x a copy's speed
+ * instead of 0.90x) are copies that start about 120 us late and then run
+ * at full speed (doc/performance.md).  One batch at a time per arena:
+ * copies queued by other threads meanwhile are timed with it.
+ */
+static void cuda_copy_timing(ema_cuda_arena_t *ca, int before)
+{
+    CUstream s = ca->streams[CUDA_STREAM_MIGRATE];
+    int idle   = 0;
+
+    if (ca->dbg_ev[0] == NULL) {
+        return;
+    }
+    if (before) {
+        /* 2 while this thread arms it: the others neither time nor report */
+        if (atomic_compare_exchange_strong(&ca->dbg_armed, &idle, 2)) {
+            ca->dbg_t0 = ema__now_us();
+            ema__cu.cuEventRecord(ca->dbg_ev[0], s);
+            atomic_store(&ca->dbg_armed, 1);
+        }
+    } else if (atomic_load(&ca->dbg_armed) == 1) {
+        ema__cu.cuEventRecord(ca->dbg_ev[1], s);
+    }
+}
+
+static void cuda_copy_timing_report(ema_cuda_arena_t *ca)
+{
+    float ms = 0;
+
+    if (ca->dbg_ev[0] == NULL || atomic_load(&ca->dbg_armed) != 1 ||
+        ema__cu.cuEventQuery(ca->dbg_ev[1]) != CUDA_SUCCESS) {
+        return; /* not armed, or copies of the batch still run: a later wait */
+    }
+    double host = ema__now_us() - ca->dbg_t0;
+    if (ema__cu.cuEventElapsedTime(&ms, ca->dbg_ev[0], ca->dbg_ev[1]) == CUDA_SUCCESS) {
+        ema_debug("cuda: a migration's copies ran %.0f us on the gpu and were done %.0f us "
+                  "after the first was queued (about %.0f us waiting to start)", ms * 1e3,
+                  host, host - ms * 1e3 > 0 ? host - ms * 1e3 : 0);
+    }
+    atomic_store(&ca->dbg_armed, 0);
+}
+
 /* Queue a copy on stream @which (CUDA_STREAM_*), then, with @wait, wait
  * for everything queued on it (else cuda_stream_wait does, later). */
 static ema_status_t cuda_stream_copy(ema__mem_arena_t *arena, int which, void *dst,
@@ -755,10 +824,19 @@ static ema_status_t cuda_stream_copy(ema__mem_arena_t *arena, int which, void *d
     if (status != EMA_SUCCESS) {
         return status;
     }
+    if (which == CUDA_STREAM_MIGRATE) {
+        cuda_copy_timing(ca, 1);
+    }
     EMA_CU_CALL(res, cuMemcpyAsync, (CUdeviceptr)(uintptr_t)dst,
                 (CUdeviceptr)(uintptr_t)src, len, ca->streams[which]);
+    if (which == CUDA_STREAM_MIGRATE) {
+        cuda_copy_timing(ca, 0);
+    }
     if (res == CUDA_SUCCESS && wait) {
         EMA_CU_CALL(res, cuStreamSynchronize, ca->streams[which]);
+        if (which == CUDA_STREAM_MIGRATE) {
+            cuda_copy_timing_report(ca);
+        }
     }
     return ema__cu_status(res);
 }
@@ -773,6 +851,9 @@ static ema_status_t cuda_stream_wait(ema__mem_arena_t *arena, int which)
         return status;
     }
     EMA_CU_CALL(res, cuStreamSynchronize, ca->streams[which]);
+    if (which == CUDA_STREAM_MIGRATE && res == CUDA_SUCCESS) {
+        cuda_copy_timing_report(ca);
+    }
     return ema__cu_status(res);
 }
 
@@ -834,6 +915,9 @@ static ema_status_t cuda_copy_wait_mark(ema__mem_arena_t *arena, void *mark)
     if (status == EMA_SUCCESS) {
         EMA_CU_CALL(res, cuEventSynchronize, (CUevent)mark);
         status = ema__cu_status(res);
+        if (status == EMA_SUCCESS) {
+            cuda_copy_timing_report(ca);
+        }
     }
     ema__cu.cuEventDestroy((CUevent)mark);
     return status;

@@ -65,7 +65,8 @@
     _F(cuEventRecord, cuEventRecord, v2000) \
     _F(cuEventSynchronize, cuEventSynchronize, v2000) \
     _F(cuEventQuery, cuEventQuery, v2000) \
-    _F(cuEventDestroy, cuEventDestroy_v2, v4000)
+    _F(cuEventDestroy, cuEventDestroy_v2, v4000) \
+    _F(cuEventElapsedTime, cuEventElapsedTime, v2000)
 
 #define EMA_CUDA_FIELD(_name, _abi, _version) PFN_##_name##_##_version _name;
 typedef struct {

@@ -70,7 +70,7 @@ typedef struct {
     pthread_mutex_t               import_lock;
     /* At debug level: a migration's copies timed on the GPU (cuda_copy_timing) */
     CUevent                       dbg_ev[2];
-    atomic_int                    dbg_armed; /* 1: a batch is being timed, 2: arming */
+    atomic_int                    dbg_armed; /* a thread times its copies */
     double                        dbg_t0;    /* when its first copy was queued */
 } ema_cuda_arena_t;
 
@@ -429,12 +429,20 @@ streams:
         }
     }
     if (ema__log_level >= EMA_LOG_DEBUG) {
-        for (int i = 0; i < 2 && res == CUDA_SUCCESS; i++) {
-            EMA_CU_CALL(res, cuEventCreate, &ca->dbg_ev[i], CU_EVENT_DEFAULT);
+        /* a debug line's events: none, no line, and nothing else changes */
+        for (int i = 0; i < 2; i++) {
+            if (ema__cu.cuEventCreate(&ca->dbg_ev[i], CU_EVENT_DEFAULT) != CUDA_SUCCESS) {
+                ca->dbg_ev[i] = NULL;
+            }
         }
-        if (res != CUDA_SUCCESS) {
-            status = ema__cu_status(res);
-            goto err;
+        if (ca->dbg_ev[0] == NULL || ca->dbg_ev[1] == NULL) {
+            ema_debug("cuda: no events to time migrations' copies with");
+            for (int i = 0; i < 2; i++) {
+                if (ca->dbg_ev[i] != NULL) {
+                    ema__cu.cuEventDestroy(ca->dbg_ev[i]);
+                    ca->dbg_ev[i] = NULL;
+                }
+            }
         }
     }
     /* Aligned as every window range (cuda_seg_align).  Tried in session 12
@@ -765,16 +773,23 @@ static ema_status_t cuda_unmap(ema__mem_arena_t *arena, void *addr, size_t len)
 }
 
 /*
- * Debug level only: how long a migration's copies waited to start on the
- * GPU and how long they ran there.  An event is recorded before the first
- * copy of a batch and after each; the wait for the stream reports the time
- * between the two events (the copies' run) and the time since the first
- * was queued, whose difference is the wait to start.  Session 13 found
- * with it that a 1 GiB reclaim's slow launches (0.70x a copy's speed
- * instead of 0.90x) are copies that start about 120 us late and then run
- * at full speed (doc/performance.md).  One batch at a time per arena:
- * copies queued by other threads meanwhile are timed with it.
+ * Debug level only: how long a migration's copies ran on the GPU, and how
+ * long before that they were not running.  The first thread to queue a
+ * migration's copy (copy_start) while no other is timed owns the timing:
+ * an event before its first copy and after each of its copies, and its
+ * wait for them (copy_wait, or the last copy_wait_mark) logs the time
+ * between the events (the copies' run) and the time since the first was
+ * queued.  The difference is an upper bound of the wait to start: it also
+ * holds the queueing and the host's own work before the wait where that is
+ * longer than the copies.  Copies of other threads meanwhile are not
+ * timed; a batch whose wait never comes (an error) is timed together with
+ * the same thread's next one.  Session 13 found with it that a 1 GiB
+ * reclaim's slow launches (0.70x a copy's speed instead of 0.90x) are
+ * copies that start 115-167 us late and then run at full speed
+ * (doc/performance.md).
  */
+static __thread const ema_cuda_arena_t *cuda_timing_owner;
+
 static void cuda_copy_timing(ema_cuda_arena_t *ca, int before)
 {
     CUstream s = ca->streams[CUDA_STREAM_MIGRATE];
@@ -783,14 +798,15 @@ static void cuda_copy_timing(ema_cuda_arena_t *ca, int before)
     if (ca->dbg_ev[0] == NULL) {
         return;
     }
-    if (before) {
-        /* 2 while this thread arms it: the others neither time nor report */
-        if (atomic_compare_exchange_strong(&ca->dbg_armed, &idle, 2)) {
-            ca->dbg_t0 = ema__now_us();
-            ema__cu.cuEventRecord(ca->dbg_ev[0], s);
-            atomic_store(&ca->dbg_armed, 1);
+    if (cuda_timing_owner != ca) {
+        if (!before || !atomic_compare_exchange_strong(&ca->dbg_armed, &idle, 1)) {
+            return; /* another thread's batch is timed */
         }
-    } else if (atomic_load(&ca->dbg_armed) == 1) {
+        cuda_timing_owner = ca;
+        ca->dbg_t0 = ema__now_us();
+        ema__cu.cuEventRecord(ca->dbg_ev[0], s);
+    }
+    if (!before) {
         ema__cu.cuEventRecord(ca->dbg_ev[1], s);
     }
 }
@@ -799,16 +815,16 @@ static void cuda_copy_timing_report(ema_cuda_arena_t *ca)
 {
     float ms = 0;
 
-    if (ca->dbg_ev[0] == NULL || atomic_load(&ca->dbg_armed) != 1 ||
-        ema__cu.cuEventQuery(ca->dbg_ev[1]) != CUDA_SUCCESS) {
-        return; /* not armed, or copies of the batch still run: a later wait */
+    if (cuda_timing_owner != ca || ema__cu.cuEventQuery(ca->dbg_ev[1]) != CUDA_SUCCESS) {
+        return; /* not this thread's, or copies of the batch still run */
     }
     double host = ema__now_us() - ca->dbg_t0;
     if (ema__cu.cuEventElapsedTime(&ms, ca->dbg_ev[0], ca->dbg_ev[1]) == CUDA_SUCCESS) {
         ema_debug("cuda: a migration's copies ran %.0f us on the gpu and were done %.0f us "
-                  "after the first was queued (about %.0f us waiting to start)", ms * 1e3,
-                  host, host - ms * 1e3 > 0 ? host - ms * 1e3 : 0);
+                  "after the first was queued (up to %.0f us not running)", ms * 1e3, host,
+                  host - ms * 1e3 > 0 ? host - ms * 1e3 : 0);
     }
+    cuda_timing_owner = NULL;
     atomic_store(&ca->dbg_armed, 0);
 }
 
@@ -824,19 +840,19 @@ static ema_status_t cuda_stream_copy(ema__mem_arena_t *arena, int which, void *d
     if (status != EMA_SUCCESS) {
         return status;
     }
-    if (which == CUDA_STREAM_MIGRATE) {
+    /* a migration's copies (copy_start) are timed at debug level; the
+     * synchronous ones (an atomic's word) are not */
+    int timed = (which == CUDA_STREAM_MIGRATE && !wait);
+    if (timed) {
         cuda_copy_timing(ca, 1);
     }
     EMA_CU_CALL(res, cuMemcpyAsync, (CUdeviceptr)(uintptr_t)dst,
                 (CUdeviceptr)(uintptr_t)src, len, ca->streams[which]);
-    if (which == CUDA_STREAM_MIGRATE) {
+    if (timed && res == CUDA_SUCCESS) {
         cuda_copy_timing(ca, 0);
     }
     if (res == CUDA_SUCCESS && wait) {
         EMA_CU_CALL(res, cuStreamSynchronize, ca->streams[which]);
-        if (which == CUDA_STREAM_MIGRATE) {
-            cuda_copy_timing_report(ca);
-        }
     }
     return ema__cu_status(res);
 }

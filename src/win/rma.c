@@ -391,8 +391,9 @@ static ema_status_t rma_req_check(ema_request_h req)
     if (status != EMA_SUCCESS) {
         return status;
     }
-    if (req == NULL || (req->magic != EMA_REQ_MAGIC_UCX && req->magic != EMA_REQ_MAGIC_AGG &&
-                        req->magic != EMA_REQ_MAGIC_DONE)) {
+    if (!ema__handle_plausible(req) ||
+        (req->magic != EMA_REQ_MAGIC_UCX && req->magic != EMA_REQ_MAGIC_AGG &&
+         req->magic != EMA_REQ_MAGIC_DONE)) {
         return EMA_ERR_INVALID_HANDLE;
     }
     return EMA_SUCCESS;

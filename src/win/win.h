@@ -496,10 +496,21 @@ ema_status_t ema__win_free(ema__win_ctx_t *ctx, ema_win_h win) EMA_EXCLUDES(win-
 ema_win_h    ema__win_find(ema__win_ctx_t *ctx, uint32_t id);
 ema_win_h    ema__win_list_next(ema__win_ctx_t *ctx, ema_win_h win) EMA_EXCLUDES(ctx->lock);
 
+/* Whether @p may be a handle before it is read: not in the first page (a
+ * small integer: ema_put((ema_win_h)1, ...)) and aligned as every handle
+ * is (calloc'd windows, malloc'd or UCX-pooled requests: 8 at least), so
+ * such values are refused rather than read.  Any other pointer is read for
+ * its type's mark: one into unmapped memory still faults (ema(7) ERRORS). */
+static inline int ema__handle_plausible(const void *p)
+{
+    uintptr_t a = (uintptr_t)p;
+    return a >= 4096 && a % sizeof(void *) == 0;
+}
+
 /* Check a handle: EMA_ERR_INVALID_HANDLE for NULL, freed or foreign handles. */
 static inline ema_status_t ema__win_check(ema_win_h win)
 {
-    if (win == NULL || win->magic != EMA_WIN_MAGIC) {
+    if (!ema__handle_plausible(win) || win->magic != EMA_WIN_MAGIC) {
         return EMA_ERR_INVALID_HANDLE;
     }
     return EMA_SUCCESS;

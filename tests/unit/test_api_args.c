@@ -554,10 +554,20 @@ EMA_TEST("rma", test_rma_null_foreign_or_freed_window_returns_invalid_handle)
     uint8_t *base;
     ema_win_h live = init_with_pattern(&base);
     ema_win_h dead = freed_window();
-    ema_win_h bad[] = {NULL, FOREIGN_WIN, dead};
-    for (size_t i = 0; i < 3; i++) {
+    /* and values no allocation returns, refused before they are read (a
+     * small integer, a misaligned address: these used to fault) */
+    ema_win_h bad[] = {NULL, FOREIGN_WIN, dead, (ema_win_h)(uintptr_t)1,
+                       (ema_win_h)(uintptr_t)4095, (ema_win_h)((char *)live + 1)};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         assert_rma_calls_return(bad[i], 0, 1, EMA_ERR_INVALID_HANDLE);
     }
+    size_t sz = 7;
+    ema_win_stat_t ws;
+    ck_assert_int_eq(ema_win_size((ema_win_h)(uintptr_t)1, 0, &sz), EMA_ERR_INVALID_HANDLE);
+    ck_assert_int_eq(ema_win_stat((ema_win_h)(uintptr_t)1, &ws), EMA_ERR_INVALID_HANDLE);
+    ck_assert_int_eq(ema_win_grow((ema_win_h)(uintptr_t)1, 4096), EMA_ERR_INVALID_HANDLE);
+    ck_assert_int_eq(ema_win_free((ema_win_h)(uintptr_t)1), EMA_ERR_INVALID_HANDLE);
+    ck_assert_uint_eq(sz, 7);
     finish_with_pattern(live, base);
 }
 END_TEST
@@ -601,6 +611,9 @@ EMA_TEST("rma", test_wait_and_test_reject_null_or_foreign_request)
     ck_assert_int_eq(ema_test(FOREIGN_REQ), EMA_ERR_INVALID_HANDLE);
     ck_assert_int_eq(ema_wait((ema_request_h)(void *)junk), EMA_ERR_INVALID_HANDLE);
     ck_assert_int_eq(ema_test((ema_request_h)(void *)junk), EMA_ERR_INVALID_HANDLE);
+    ck_assert_int_eq(ema_wait((ema_request_h)(uintptr_t)1), EMA_ERR_INVALID_HANDLE);
+    ck_assert_int_eq(ema_test((ema_request_h)(uintptr_t)1), EMA_ERR_INVALID_HANDLE);
+    ck_assert_int_eq(ema_test((ema_request_h)((char *)junk + 3)), EMA_ERR_INVALID_HANDLE);
     ck_assert_int_eq(ema_finalize(), EMA_SUCCESS);
 }
 END_TEST

@@ -259,7 +259,7 @@ if [ "$mode" = demo ]; then
     [ -z "$gpu_list" ] && echo "   (nvidia-smi lists no GPU here: expect SKIP or a failure)"
     cd "$top/build-gpu"
     if [ -x examples/cuda_window ]; then
-        count "cuda demo" "${cuda_env[@]}" mpirun --timeout 120 -n 2 -x LD_LIBRARY_PATH \
+        count "cuda demo" "${cuda_env[@]}" mpirun --timeout 120 -n 2 --bind-to none -x LD_LIBRARY_PATH \
             -x EMA_MEMORY_KIND -x UCX_CUDA_IPC_ENABLE_GET_ZCOPY ./examples/cuda_window
     else
         echo "   examples/cuda_window was not built (configure found no nvcc)"

@@ -2,6 +2,7 @@
 
 #include "util/clock.h"
 #include "util/config.h"
+#include "util/cpus.h"
 #include "util/log.h"
 
 #include <errno.h>
@@ -168,6 +169,18 @@ ema_status_t ema__progress_start(ema__progress_t *pg, ema__xport_t *xp)
         return EMA_ERR_NO_RESOURCE;
     }
     pg->running = 1;
+    /* mpirun binds each of 2 ranks to one core by default (Open MPI): the
+     * progress thread then runs only in the application's time slices, and
+     * a recall it must serve waits for them.  On the H200, under mpirun
+     * --bind-to core, ema_perf's 1 GiB reclaims took 6 times as long
+     * (0.13x a copy's speed against 0.85x; doc/performance.md, session 13).
+     * A world of one has no peer to recall anything. */
+    if (xp->size > 1 && ema__cpus_usable() == 1) {
+        ema_warn("this rank may run on one CPU only (its affinity mask or CPU quota), which "
+                 "its progress thread shares with the application: recalls and migrations "
+                 "wait for the application's time slices; give each rank 2 CPUs or more "
+                 "(mpirun --bind-to none, or --map-by slot:PE=2)");
+    }
     return EMA_SUCCESS;
 }
 

@@ -804,6 +804,10 @@ static void test_explicit_reclaim_returns_memory_data_intact(void)
                  ws.bytes_borrowed + ws.bytes_spilled == extra &&
                  ws.migrations == ws0.migrations + lent / SEG,
                  "owner after the reclaim of %zu bytes: " WS_FMT, lent, WS_ARGS(ws));
+        /* counted before the give-back, as migrations (ema_win_stat(3)) */
+        T_EXPECT(st2[0].bytes_migrated == st[0].bytes_migrated + lent,
+                 "owner's bytes_migrated %" PRIu64 " after the reclaim of %zu bytes, was %"
+                 PRIu64, st2[0].bytes_migrated, lent, st[0].bytes_migrated);
         size_t elsewhere = 0;
         for (int r = 1; r < ema_t_size; r++) {
             elsewhere += (r == L) ? 0 : st2[r].bytes_lent;

@@ -1,5 +1,6 @@
 /* ema_info: what EMA sees on this machine.  See ema_info(1). */
 #include <ema.h>
+#include <errno.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -14,6 +15,17 @@ static void usage(FILE *f)
                "  -h      this help\n");
 }
 
+/* @rc, or 1 where the output could not be written (a full disk, a closed
+ * pipe): ema_info(1) says "1 when ema_init or printing failed". */
+static int finish(int rc)
+{
+    if (fflush(stdout) != 0 || ferror(stdout)) {
+        fprintf(stderr, "ema_info: writing the output failed: %s\n", strerror(errno));
+        return 1;
+    }
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
     int opt, config = 0, version = 0, topo = 0;
@@ -23,24 +35,29 @@ int main(int argc, char **argv)
         case 'c': config = 1; break;
         case 'v': version = 1; break;
         case 't': topo = 1; break;
-        case 'h': usage(stdout); return 0;
+        case 'h': usage(stdout); return finish(0);
         default: usage(stderr); return 2;
         }
     }
+    if (optind < argc) {
+        fprintf(stderr, "ema_info: unexpected argument '%s'\n", argv[optind]);
+        usage(stderr);
+        return 2;
+    }
     if (config) {
-        return ema_config_print(stdout) == EMA_SUCCESS ? 0 : 1;
+        return finish(ema_config_print(stdout) == EMA_SUCCESS ? 0 : 1);
     }
     if (version) {
-        return ema_info_print(stdout, EMA_INFO_VERSION) == EMA_SUCCESS ? 0 : 1;
+        return finish(ema_info_print(stdout, EMA_INFO_VERSION) == EMA_SUCCESS ? 0 : 1);
     }
     if (topo) {
-        return ema_info_print(stdout, EMA_INFO_TOPOLOGY) == EMA_SUCCESS ? 0 : 1;
+        return finish(ema_info_print(stdout, EMA_INFO_TOPOLOGY) == EMA_SUCCESS ? 0 : 1);
     }
     ema_status_t status = ema_init(NULL);
     if (status != EMA_SUCCESS) {
         fprintf(stderr, "ema_info: ema_init failed: %s\n", ema_strerror(status));
         ema_info_print(stdout, EMA_INFO_VERSION | EMA_INFO_TOPOLOGY);
-        return 1;
+        return finish(1);
     }
     int rank = 0;
     ema_world_rank(&rank);
@@ -48,5 +65,5 @@ int main(int argc, char **argv)
         ema_info_print(stdout, EMA_INFO_ALL);
     }
     ema_finalize();
-    return 0;
+    return finish(0);
 }

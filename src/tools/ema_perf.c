@@ -824,6 +824,17 @@ static int perf_drive(perf_t *p, int op_index, size_t size, const perf_rma_t *rm
         int impl = order[b % cycle];
         perf_iter_cb iter = rma->iter[impl];
         int ev = events || impl == IMPL_COPY;
+        long todo = block;
+        if (!capped) {
+            long left = iters - (long)p->niters[impl];
+            todo = left < block ? left : block;
+        }
+        if (todo <= 0) {
+            /* an explicit --iters spent in the earlier blocks (5 as 2+2+1):
+             * this block runs nothing, and has nothing to check (its buffer
+             * was cleared after the last one) */
+            continue;
+        }
 
         perf_cmd(p, impl == IMPL_RAW ? CMD_RAW : impl == IMPL_COPY ? CMD_COPY : CMD_EMA);
         if (!warm[impl]) {
@@ -838,11 +849,6 @@ static int perf_drive(perf_t *p, int op_index, size_t size, const perf_rma_t *rm
             if (impl == IMPL_COPY) {
                 perf_mem_zero(p, p->copy_dst, size); /* the check sees timed copies only */
             }
-        }
-        long todo = block;
-        if (!capped) {
-            long left = iters - (long)p->niters[impl];
-            todo = left < block ? left : block;
         }
         double *s = p->samples[impl] + p->nsamples[impl];
         double t_block = 0.0;
@@ -1705,6 +1711,15 @@ static int perf_is_rank0_env(void)
     return r == NULL || strcmp(r, "0") == 0;
 }
 
+/* A bad option value: said (rank 0, as getopt's own messages), then -1. */
+static int perf_bad(const char *opt, const char *val)
+{
+    if (perf_is_rank0_env()) {
+        fprintf(stderr, "ema_perf: bad value for --%s: '%s'\n", opt, val);
+    }
+    return -1;
+}
+
 static int perf_parse(int argc, char **argv, perf_opts_t *o)
 {
     static const struct option longopts[] = {
@@ -1739,37 +1754,39 @@ static int perf_parse(int argc, char **argv, perf_opts_t *o)
         case 'v': o->verbose = 1; break;
         case 'o': snprintf(o->ops, sizeof(o->ops), "%s", optarg); break;
         case 'm':
-            if (perf_parse_size(optarg, &o->min) != 0 || o->min == 0) return -1;
+            if (perf_parse_size(optarg, &o->min) != 0 || o->min == 0)
+                return perf_bad("min", optarg);
             break;
         case 'M':
-            if (perf_parse_size(optarg, &o->max) != 0 || o->max == 0) return -1;
+            if (perf_parse_size(optarg, &o->max) != 0 || o->max == 0)
+                return perf_bad("max", optarg);
             break;
         case 'n':
             o->iters = strtol(optarg, &end, 10);
-            if (*end != '\0' || o->iters <= 0) return -1;
+            if (*end != '\0' || o->iters <= 0) return perf_bad("iters", optarg);
             break;
         case 'w':
             o->warmup = strtol(optarg, &end, 10);
-            if (*end != '\0' || o->warmup < 0) return -1;
+            if (*end != '\0' || o->warmup < 0) return perf_bad("warmup", optarg);
             break;
         case 't':
             o->time_cap = strtod(optarg, &end);
-            if (*end != '\0' || !(o->time_cap > 0)) return -1;
+            if (*end != '\0' || !(o->time_cap > 0)) return perf_bad("time", optarg);
             break;
         case 'G':
             if (strcmp(optarg, "cudamalloc") == 0) o->raw_vmm = 0;
             else if (strcmp(optarg, "vmm") == 0) o->raw_vmm = 1;
-            else return -1;
+            else return perf_bad("raw-mem", optarg);
             break;
         case 'C':
             if (strcmp(optarg, "events") == 0) o->timer = PERF_TIMER_EVENTS;
             else if (strcmp(optarg, "wall") == 0) o->timer = PERF_TIMER_WALL;
-            else return -1;
+            else return perf_bad("timer", optarg);
             break;
         case 'T':
             if (strcmp(optarg, "multi") == 0) o->single = 0;
             else if (strcmp(optarg, "single") == 0) o->single = 1;
-            else return -1;
+            else return perf_bad("ucx-thread", optarg);
             break;
         case 'R': {
             char tmp[256], *save;
@@ -1779,21 +1796,31 @@ static int perf_parse(int argc, char **argv, perf_opts_t *o)
                 if (o->nreclaim == (int)(sizeof(o->reclaim_sizes) / sizeof(o->reclaim_sizes[0])) ||
                     perf_parse_size(tok, &o->reclaim_sizes[o->nreclaim]) != 0 ||
                     o->reclaim_sizes[o->nreclaim] == 0) {
-                    return -1;
+                    return perf_bad("reclaim-sizes", optarg);
                 }
                 o->nreclaim++;
             }
-            if (o->nreclaim == 0) return -1;
+            if (o->nreclaim == 0) return perf_bad("reclaim-sizes", optarg);
             break;
         }
         case 'K':
-            if (perf_parse_size(optarg, &o->kernel_size) != 0 || o->kernel_size == 0) return -1;
+            if (perf_parse_size(optarg, &o->kernel_size) != 0 || o->kernel_size == 0)
+                return perf_bad("kernel-size", optarg);
             break;
         case 'h': return 1;
         default: return -1;
         }
     }
-    if (optind != argc || o->max < o->min) {
+    if (optind != argc) {
+        if (perf_is_rank0_env()) {
+            fprintf(stderr, "ema_perf: unexpected argument '%s'\n", argv[optind]);
+        }
+        return -1;
+    }
+    if (o->max < o->min) {
+        if (perf_is_rank0_env()) {
+            fprintf(stderr, "ema_perf: --max is below --min\n");
+        }
         return -1;
     }
     return 0;
@@ -2042,7 +2069,13 @@ int main(int argc, char **argv)
         if (p->o.timer == PERF_TIMER_AUTO) {
             p->o.timer = p->gpu ? PERF_TIMER_EVENTS : PERF_TIMER_WALL;
         } else if (p->o.timer == PERF_TIMER_EVENTS && !p->gpu) {
-            perf_die("--timer events needs the cuda memory kind (EMA_MEMORY_KIND=cuda)");
+            /* a bad option for this kind: exit 2, as for any bad option */
+            if (p->rank == 0) {
+                fprintf(stderr, "ema_perf: --timer events needs the cuda memory kind "
+                        "(EMA_MEMORY_KIND=cuda)\n");
+            }
+            ema_finalize();
+            return 2;
         }
     }
     EMA_CHECK(ema_win_allocate(CTL_SIZE, NULL, (void **)&p->ctl_base, &p->ctl_win));

@@ -192,17 +192,21 @@ void ema__pool_cleanup(ema__pool_t *pool)
     ema__pool_world     = NULL;
 }
 
+/* EMA_STATS: ema_mem_stat's fields, one line; called by ema_finalize
+ * before it frees the windows left, so lent, borrowed and spilled are
+ * those the application ended with. */
 void ema__pool_print_stats(ema__pool_t *pool, FILE *stream)
 {
-    size_t seg = pool->win->seg_size;
-    ema__seg_pool_t *sp = &pool->arena->pool;
+    ema_mem_stat_t st;
+
+    if (ema_mem_stat(&st) != EMA_SUCCESS) {
+        return;
+    }
     fprintf(stream,
-            "[ema %d] stats: capacity %zu, free %zu, lent %zu, withheld %zu, borrowed %zu, "
-            "spilled %zu bytes; %lu reclaims (last %.0f us, max %.0f us), %lu bytes migrated\n",
-            pool->rank, pool->arena->capacity, (size_t)ema__seg_pool_nfree(sp) * seg,
-            (size_t)sp->nlent * seg, (size_t)pool->withheld * seg,
-            (size_t)atomic_load(&pool->borrowed_segs) * seg,
-            (size_t)atomic_load(&pool->spilled_segs) * seg,
-            (unsigned long)atomic_load(&pool->reclaims), pool->reclaim_last_us,
-            pool->reclaim_max_us, (unsigned long)atomic_load(&pool->win->bytes_migrated));
+            "[ema %d] stats: capacity %zu, reserve %zu, free %zu, used %zu, lent %zu, "
+            "withheld %zu, borrowed %zu, spilled %zu bytes; unmet %" PRIu64 " bytes; %" PRIu64
+            " reclaims (last %.0f us, max %.0f us), %" PRIu64 " bytes migrated\n",
+            pool->rank, st.capacity, st.reserve, st.bytes_free, st.bytes_used, st.bytes_lent,
+            st.bytes_withheld, st.bytes_borrowed, st.bytes_spilled, st.bytes_unmet, st.reclaims,
+            st.reclaim_last_us, st.reclaim_max_us, st.bytes_migrated);
 }

@@ -170,6 +170,9 @@ static ema_status_t runtime_spill_create(ema__world_t *w, const ema__mem_ops_t *
         return EMA_SUCCESS;
     }
     if (status != EMA_SUCCESS) {
+        ema_error("the spill tier (EMA_SPILL_SIZE %zu bytes of address space) could not be "
+                  "made: %s; lower EMA_SPILL_SIZE or set EMA_SPILL=none", size,
+                  ema_strerror(status));
         w->spill = NULL;
         return status;
     }
@@ -285,9 +288,22 @@ static ema_status_t ema_check_sizes(const ema__world_t *w, const ema__mem_ops_t 
 {
     int by_params = params != NULL && (params->field_mask & EMA_INIT_PARAM_FIELD_DEVICE_MEMORY);
     const char *cap_name = by_params ? "device_memory (ema_init_params_t)" : "EMA_DEVICE_MEMORY";
+    int seg_by_params = params != NULL && (params->field_mask & EMA_INIT_PARAM_FIELD_SEGMENT_SIZE);
+    const char *seg_name = seg_by_params ? "segment_size (ema_init_params_t)" : "EMA_SEGMENT_SIZE";
     size_t seg = w->cfg.segment_size ? w->cfg.segment_size : ops->default_segment_size;
     size_t cap = w->cfg.device_memory;
 
+    /* as ema__mem_arena_create checks them, but naming the setting */
+    if (seg % ops->granularity != 0) {
+        ema_error("%s %zu is not a multiple of the %s kind's granularity (%zu)", seg_name, seg,
+                  ops->name, ops->granularity);
+        return EMA_ERR_INVALID_PARAM;
+    }
+    if (cap < seg) {
+        ema_error("%s %zu is smaller than one segment (%s %zu)", cap_name, cap,
+                  w->cfg.segment_size ? seg_name : "the kind's default segment size", seg);
+        return EMA_ERR_INVALID_PARAM;
+    }
     if (seg != 0 && cap / seg > EMA_MEM_MAX_SEGS) {
         ema_error("%s %zu is %zu segments of %zu bytes, more than the %u a rank's memory may "
                   "have: raise EMA_SEGMENT_SIZE", cap_name, cap, cap / seg, seg,
@@ -556,6 +572,11 @@ EMA_EXPORT ema_status_t ema_finalize(void)
     if (status != EMA_SUCCESS) {
         return status;
     }
+    /* EMA_STATS: the memory as the application left it, before the
+     * windows it did not free go */
+    if (w->pool.cfg.stats) {
+        ema__pool_print_stats(&w->pool, stderr);
+    }
     /* Windows the application did not free: free them collectively, in the
      * order every rank created them (the list is newest first). */
     while (w->win.wins != NULL) {
@@ -575,9 +596,6 @@ EMA_EXPORT ema_status_t ema_finalize(void)
     status = ema__xport_flush(&w->xp);
     if (status == EMA_SUCCESS) {
         status = ema__xport_barrier(&w->xp, EMA_WAIT_QUICK);
-    }
-    if (w->pool.cfg.stats) {
-        ema__pool_print_stats(&w->pool, stderr);
     }
     atomic_store(&ema__state, EMA_STATE_FINALIZED);
     ema__win_world = NULL;

@@ -151,9 +151,15 @@ ema_status_t ema__topo_map_ranks(const ema__topo_t *topo, const ema__topo_config
         nvis = topo_visible(topo, visible);
     }
 
+    if (gpu_map != NULL && gpu_map[0] != '\0' && topo_parse_map(gpu_map, NULL, 0) < 0) {
+        ema_error("invalid EMA_GPU_MAP '%s' (expected GPU numbers like 0,1,2,3)", gpu_map);
+        status = EMA_ERR_INVALID_PARAM;
+        goto out;
+    }
     if (gpu_map != NULL && gpu_map[0] != '\0' && topo->ngpus == 0) {
         /* the host kind stands in for GPUs here; a map made for a GPU host
-         * must not stop the same launch script from running */
+         * must not stop the same launch script from running (a malformed
+         * one is refused above, as anywhere) */
         ema_warn("EMA_GPU_MAP '%s' ignored: this host has no GPU", gpu_map);
         gpu_map = NULL;
     }

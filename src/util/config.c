@@ -146,8 +146,14 @@ static int config_double_parse(const char *str, void *dst, const void *arg)
     if (!isdigit((unsigned char)*str) && *str != '.') {
         return -1; /* rejects "", "-0", "+1", "nan", "inf" */
     }
+    if (strpbrk(str, "xXpP") != NULL) {
+        return -1; /* decimals only: strtod would take "0x10" and "0x1.8p0" */
+    }
     errno = 0;
     v = strtod(str, &end);
+    while (isspace((unsigned char)*end)) {
+        end++; /* blanks around the number are ignored, as around a size */
+    }
     if (errno != 0 || end == str || *end != '\0' || !isfinite(v) || v < 0 ||
         v > EMA_CONFIG_DOUBLE_MAX) {
         return -1;

@@ -319,6 +319,10 @@ EMA_TEST("golden", test_no_gpu_host_reports_no_gpu_and_maps_ranks_to_none)
     /* a map written for a GPU host does not stop a GPU-less one */
     cfg.gpu_map = "0,0,1,1";
     check_map(topo, &cfg, 4, 0, (const int[]){-1}, 1, 0, -1);
+    /* but a malformed one is refused there too */
+    int gpu[4], sh = -1;
+    cfg.gpu_map = "a,b";
+    ck_assert_int_eq(ema__topo_map_ranks(topo, &cfg, 4, gpu, &sh), EMA_ERR_INVALID_PARAM);
     ema__topo_destroy(topo);
 }
 END_TEST

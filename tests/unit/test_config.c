@@ -200,7 +200,7 @@ EMA_TEST("read", test_read_double_rejects_nan_inf_negative_and_out_of_range)
     static const char *bad[] = {"nan", "NaN", "-nan", "inf", "-inf", "+inf", "infinity",
                                 "1e308", "1e309", "1e10", "1000000001", "-1", "-0", "-0.0",
                                 "+1", "", " ", ".", "e3", "1e", "2s", "0.5x", "1,5",
-                                "0x1p1000"};
+                                "0x1p1000", "0x10", "0x1.8p0", "1p3"};
     char log[4096];
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         cfg_t c;
@@ -211,7 +211,7 @@ EMA_TEST("read", test_read_double_rejects_nan_inf_negative_and_out_of_range)
     }
     static const struct { const char *s; double v; } ok[] = {
         {"0", 0}, {"0.0", 0}, {".5", 0.5}, {"2", 2}, {"1e-3", 1e-3}, {"1e9", 1e9},
-        {"1000000000", 1e9}, {" 3", 3}};
+        {"1000000000", 1e9}, {" 3", 3}, {"3 ", 3}};
     for (size_t i = 0; i < sizeof(ok) / sizeof(ok[0]); i++) {
         cfg_t c;
         clear_env();

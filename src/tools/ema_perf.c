@@ -1843,9 +1843,17 @@ static unsigned perf_select_ops(const char *list)
         for (i = 0; i < PERF_NOPS && strcmp(tok, perf_ops[i].name) != 0; i++) {
         }
         if (i == PERF_NOPS) {
+            if (perf_is_rank0_env()) {
+                fprintf(stderr, "ema_perf: unknown --op '%s'%s%s%s\n", tok,
+                        strcmp(tok, list) ? " (in '" : "", strcmp(tok, list) ? list : "",
+                        strcmp(tok, list) ? "')" : "");
+            }
             return 0;
         }
         mask |= 1u << i;
+    }
+    if (mask == 0 && perf_is_rank0_env()) {
+        fprintf(stderr, "ema_perf: --op '%s' names no operation\n", list);
     }
     return mask;
 }
@@ -2014,9 +2022,8 @@ int main(int argc, char **argv)
         return rc > 0 ? 0 : 2;
     }
     unsigned opmask = perf_select_ops(p->o.ops);
-    if (opmask == 0) {
+    if (opmask == 0) { /* perf_select_ops named the word */
         if (perf_is_rank0_env()) {
-            fprintf(stderr, "ema_perf: unknown --op '%s'\n", p->o.ops);
             perf_usage(stderr);
         }
         return 2;

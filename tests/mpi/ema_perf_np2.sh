@@ -32,6 +32,8 @@ check 0 "borrow,reclaim,prefetch,kernel" run 2 "$perf" --csv --op borrow,reclaim
     --reclaim-sizes 2M --kernel-size 4M
 check 2 "unknown option" run 2 "$perf" --no-such-option
 check 2 "unknown --op" run 2 "$perf" --op nothing
+check 2 "unknown word in --op" run 2 "$perf" --op put,foo
+check 2 "empty --op" run 2 "$perf" --op ,
 check 2 "a world of 1" run 1 "$perf" --op put --min 8 --max 8
 check 2 "a bad --min" run 2 "$perf" --min 0
 check 2 "--timer events on host" run 2 "$perf" --timer events --op put --min 8 --max 8

@@ -68,7 +68,7 @@ typedef struct {
     struct cuda_import           *imports;
     uint32_t                      nimports, cap_imports;
     pthread_mutex_t               import_lock;
-    /* At debug level: a migration's copies timed on the GPU (cuda_copy_timing) */
+    /* At debug level: a migration's copies timed on the GPU (cuda_copy_timing_*) */
     CUevent                       dbg_ev[2];
     atomic_int                    dbg_armed; /* a thread times its copies */
     double                        dbg_t0;    /* when its first copy was queued */
@@ -428,21 +428,17 @@ streams:
             goto err;
         }
     }
+    /* a debug line's events: without them, no line, and nothing else
+     * changes (the timing looks at dbg_ev[0]; a lone dbg_ev[1] goes with
+     * the arena) */
     if (ema__log_level >= EMA_LOG_DEBUG) {
-        /* a debug line's events: none, no line, and nothing else changes */
-        for (int i = 0; i < 2; i++) {
-            if (ema__cu.cuEventCreate(&ca->dbg_ev[i], CU_EVENT_DEFAULT) != CUDA_SUCCESS) {
-                ca->dbg_ev[i] = NULL;
-            }
+        if (ema__cu.cuEventCreate(&ca->dbg_ev[1], CU_EVENT_DEFAULT) != CUDA_SUCCESS) {
+            ca->dbg_ev[1] = NULL;
+        } else if (ema__cu.cuEventCreate(&ca->dbg_ev[0], CU_EVENT_DEFAULT) != CUDA_SUCCESS) {
+            ca->dbg_ev[0] = NULL;
         }
-        if (ca->dbg_ev[0] == NULL || ca->dbg_ev[1] == NULL) {
+        if (ca->dbg_ev[0] == NULL) {
             ema_debug("cuda: no events to time migrations' copies with");
-            for (int i = 0; i < 2; i++) {
-                if (ca->dbg_ev[i] != NULL) {
-                    ema__cu.cuEventDestroy(ca->dbg_ev[i]);
-                    ca->dbg_ev[i] = NULL;
-                }
-            }
         }
     }
     /* Aligned as every window range (cuda_seg_align).  Tried in session 12
@@ -790,24 +786,26 @@ static ema_status_t cuda_unmap(ema__mem_arena_t *arena, void *addr, size_t len)
  */
 static __thread const ema_cuda_arena_t *cuda_timing_owner;
 
-static void cuda_copy_timing(ema_cuda_arena_t *ca, int before)
+/* Before a migration's copy is queued: the batch's start, unless one is
+ * timed already (this thread's: it goes on; another's: not timed). */
+static void cuda_copy_timing_start(ema_cuda_arena_t *ca)
 {
-    CUstream s = ca->streams[CUDA_STREAM_MIGRATE];
-    int idle   = 0;
+    int idle = 0;
 
-    if (ca->dbg_ev[0] == NULL) {
+    if (ca->dbg_ev[0] == NULL || cuda_timing_owner == ca ||
+        !atomic_compare_exchange_strong(&ca->dbg_armed, &idle, 1)) {
         return;
     }
-    if (cuda_timing_owner != ca) {
-        if (!before || !atomic_compare_exchange_strong(&ca->dbg_armed, &idle, 1)) {
-            return; /* another thread's batch is timed */
-        }
-        cuda_timing_owner = ca;
-        ca->dbg_t0 = ema__now_us();
-        ema__cu.cuEventRecord(ca->dbg_ev[0], s);
-    }
-    if (!before) {
-        ema__cu.cuEventRecord(ca->dbg_ev[1], s);
+    cuda_timing_owner = ca;
+    ca->dbg_t0 = ema__now_us();
+    ema__cu.cuEventRecord(ca->dbg_ev[0], ca->streams[CUDA_STREAM_MIGRATE]);
+}
+
+/* After it is queued: the batch's end so far. */
+static void cuda_copy_timing_queued(ema_cuda_arena_t *ca)
+{
+    if (cuda_timing_owner == ca) {
+        ema__cu.cuEventRecord(ca->dbg_ev[1], ca->streams[CUDA_STREAM_MIGRATE]);
     }
 }
 
@@ -844,12 +842,12 @@ static ema_status_t cuda_stream_copy(ema__mem_arena_t *arena, int which, void *d
      * synchronous ones (an atomic's word) are not */
     int timed = (which == CUDA_STREAM_MIGRATE && !wait);
     if (timed) {
-        cuda_copy_timing(ca, 1);
+        cuda_copy_timing_start(ca);
     }
     EMA_CU_CALL(res, cuMemcpyAsync, (CUdeviceptr)(uintptr_t)dst,
                 (CUdeviceptr)(uintptr_t)src, len, ca->streams[which]);
     if (timed && res == CUDA_SUCCESS) {
-        cuda_copy_timing(ca, 0);
+        cuda_copy_timing_queued(ca);
     }
     if (res == CUDA_SUCCESS && wait) {
         EMA_CU_CALL(res, cuStreamSynchronize, ca->streams[which]);

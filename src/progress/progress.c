@@ -2,7 +2,6 @@
 
 #include "util/clock.h"
 #include "util/config.h"
-#include "util/cpus.h"
 #include "util/log.h"
 
 #include <errno.h>
@@ -100,7 +99,7 @@ static void *ema_progress_main(void *arg)
     ema__xport_app_depth = 1;
     /* Its naps are short: without this the kernel stretches each by the
      * default timer slack, 50 us. */
-    prctl(PR_SET_TIMERSLACK, 5000UL, 0, 0, 0);
+    prctl(PR_SET_TIMERSLACK, EMA_NAP_TIMER_SLACK_NS, 0, 0, 0);
     ema__xport_t *xp    = pg->xp;
     unsigned idle       = 0;
     struct pollfd pfd   = {.fd = xp->efd, .events = POLLIN};
@@ -175,7 +174,7 @@ ema_status_t ema__progress_start(ema__progress_t *pg, ema__xport_t *xp)
      * --bind-to core, ema_perf's 1 GiB reclaims took 6 times as long
      * (0.13x a copy's speed against 0.85x; doc/performance.md, session 13).
      * A world of one has no peer to recall anything. */
-    if (xp->size > 1 && ema__cpus_usable() == 1) {
+    if (xp->size > 1 && xp->cpus == 1) {
         ema_warn("this rank may run on one CPU only (its affinity mask or CPU quota), which "
                  "its progress thread shares with the application: recalls and migrations "
                  "wait for the application's time slices; give each rank 2 CPUs or more "

@@ -1711,13 +1711,24 @@ static int perf_is_rank0_env(void)
     return r == NULL || strcmp(r, "0") == 0;
 }
 
-/* A bad option value: said (rank 0, as getopt's own messages), then -1. */
-static int perf_bad(const char *opt, const char *val)
+/* An option error: said by rank 0 only (as getopt's own messages), then -1. */
+static int perf_opt_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int perf_opt_error(const char *fmt, ...)
 {
+    va_list ap;
     if (perf_is_rank0_env()) {
-        fprintf(stderr, "ema_perf: bad value for --%s: '%s'\n", opt, val);
+        va_start(ap, fmt);
+        fputs("ema_perf: ", stderr);
+        vfprintf(stderr, fmt, ap);
+        fputc('\n', stderr);
+        va_end(ap);
     }
     return -1;
+}
+
+static int perf_bad(const char *opt, const char *val)
+{
+    return perf_opt_error("bad value for --%s: '%s'", opt, val);
 }
 
 static int perf_parse(int argc, char **argv, perf_opts_t *o)
@@ -1812,16 +1823,10 @@ static int perf_parse(int argc, char **argv, perf_opts_t *o)
         }
     }
     if (optind != argc) {
-        if (perf_is_rank0_env()) {
-            fprintf(stderr, "ema_perf: unexpected argument '%s'\n", argv[optind]);
-        }
-        return -1;
+        return perf_opt_error("unexpected argument '%s'", argv[optind]);
     }
     if (o->max < o->min) {
-        if (perf_is_rank0_env()) {
-            fprintf(stderr, "ema_perf: --max is below --min\n");
-        }
-        return -1;
+        return perf_opt_error("--max is below --min");
     }
     return 0;
 }
@@ -1843,17 +1848,13 @@ static unsigned perf_select_ops(const char *list)
         for (i = 0; i < PERF_NOPS && strcmp(tok, perf_ops[i].name) != 0; i++) {
         }
         if (i == PERF_NOPS) {
-            if (perf_is_rank0_env()) {
-                fprintf(stderr, "ema_perf: unknown --op '%s'%s%s%s\n", tok,
-                        strcmp(tok, list) ? " (in '" : "", strcmp(tok, list) ? list : "",
-                        strcmp(tok, list) ? "')" : "");
-            }
+            perf_opt_error("unknown --op '%s' (in '%s')", tok, list);
             return 0;
         }
         mask |= 1u << i;
     }
-    if (mask == 0 && perf_is_rank0_env()) {
-        fprintf(stderr, "ema_perf: --op '%s' names no operation\n", list);
+    if (mask == 0) {
+        perf_opt_error("--op '%s' names no operation", list);
     }
     return mask;
 }

@@ -131,7 +131,7 @@ ema_status_t ema__topo_map_ranks(const ema__topo_t *topo, const ema__topo_config
                                  int nranks, int *gpu_of_rank, int *shared_p)
 {
     int *visible = NULL, *map = NULL, *out = NULL;
-    int nvis = 0, shared = 0;
+    int nvis = 0, shared = 0, n = 0;
     ema_status_t status = EMA_SUCCESS;
     const char *gpu_map = cfg != NULL ? cfg->gpu_map : NULL;
 
@@ -151,25 +151,22 @@ ema_status_t ema__topo_map_ranks(const ema__topo_t *topo, const ema__topo_config
         nvis = topo_visible(topo, visible);
     }
 
-    if (gpu_map != NULL && gpu_map[0] != '\0' && topo_parse_map(gpu_map, NULL, 0) < 0) {
+    /* a malformed map is refused everywhere, a GPU-less host included */
+    if (gpu_map != NULL && gpu_map[0] != '\0') {
+        n = topo_parse_map(gpu_map, NULL, 0);
+    }
+    if (n < 0) {
         ema_error("invalid EMA_GPU_MAP '%s' (expected GPU numbers like 0,1,2,3)", gpu_map);
         status = EMA_ERR_INVALID_PARAM;
         goto out;
     }
     if (gpu_map != NULL && gpu_map[0] != '\0' && topo->ngpus == 0) {
         /* the host kind stands in for GPUs here; a map made for a GPU host
-         * must not stop the same launch script from running (a malformed
-         * one is refused above, as anywhere) */
+         * must not stop the same launch script from running */
         ema_warn("EMA_GPU_MAP '%s' ignored: this host has no GPU", gpu_map);
         gpu_map = NULL;
     }
     if (gpu_map != NULL && gpu_map[0] != '\0') {
-        int n = topo_parse_map(gpu_map, NULL, 0);
-        if (n < 0) {
-            ema_error("invalid EMA_GPU_MAP '%s' (expected GPU numbers like 0,1,2,3)", gpu_map);
-            status = EMA_ERR_INVALID_PARAM;
-            goto out;
-        }
         if (n < nranks) {
             ema_error("EMA_GPU_MAP '%s' has %d entries for %d local ranks", gpu_map, n, nranks);
             status = EMA_ERR_INVALID_PARAM;

@@ -239,9 +239,7 @@ ema_status_t ema__win_move(ema_win_h win, uint32_t *idx, uint32_t n, int exclude
         for (uint32_t r = 0; r < nruns; r++) {
             ema__win_publish(win, first[r], count[r]);
         }
-        if (win->stats.nwanted > 0) {
-            ema__win_wanted_bytes(win);
-        }
+        /* bytes_migrated and the wanted segments: done by the hand-over */
         tm2 = ema__now_us();
         ctx->mem_ops->release(ctx->mem_arg, loc + ho.handed, n - ho.handed);
         ok = ho.handed;

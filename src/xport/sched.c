@@ -38,7 +38,6 @@
  * (doc/performance.md).  So every reclaim naps. */
 #define EMA_WAIT_NAP_AFTER 256
 #define EMA_WAIT_NAP_NS    20000
-#define EMA_WAIT_NAP_SLACK_NS 5000 /* as the progress thread's naps */
 
 void ema__xport_idle(ema__xport_t *xp)
 {
@@ -62,9 +61,8 @@ void ema__xport_idle(ema__xport_t *xp)
  * empty polls, which still lets a stray thread run now and then.  The
  * cores are those of the affinity mask, fewer if a CPU quota grants fewer.
  */
-unsigned ema__xport_idle_mask(int size)
+unsigned ema__xport_idle_mask(int size, long cpus)
 {
-    long cpus = ema__cpus_usable();
     unsigned mask = (cpus > 0 && 2L * size <= cpus) ? 4095u : 63u;
     ema_debug("%ld cores for %d ranks and their progress threads: waiters yield every %u "
               "empty polls", cpus, size, mask + 1);
@@ -96,8 +94,8 @@ void ema__xport_wait_idle(ema__xport_t *xp, unsigned mode, unsigned *idle)
          * thread's own setting: put back after the nap. */
         struct timespec ts = {0, EMA_WAIT_NAP_NS};
         int slack = prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0);
-        int set   = slack > EMA_WAIT_NAP_SLACK_NS &&
-                  prctl(PR_SET_TIMERSLACK, (unsigned long)EMA_WAIT_NAP_SLACK_NS, 0, 0, 0) == 0;
+        int set   = slack > (int)EMA_NAP_TIMER_SLACK_NS &&
+                  prctl(PR_SET_TIMERSLACK, EMA_NAP_TIMER_SLACK_NS, 0, 0, 0) == 0;
         nanosleep(&ts, NULL);
         if (set) {
             prctl(PR_SET_TIMERSLACK, (unsigned long)slack, 0, 0, 0);
@@ -140,7 +138,8 @@ void ema__xport_wait_step(ema__xport_t *xp, unsigned mode)
 
 void ema__xport_sched_init(ema__xport_t *xp)
 {
-    xp->idle_mask = ema__xport_idle_mask(xp->size);
+    xp->cpus      = ema__cpus_usable();
+    xp->idle_mask = ema__xport_idle_mask(xp->size, xp->cpus);
     pthread_mutex_init(&xp->defer_lock, NULL);
     for (int q = 0; q < 2; q++) {
         xp->defer_head[q] = NULL;

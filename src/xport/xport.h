@@ -117,6 +117,7 @@ typedef struct ema__xport {
     ema__xport_config_t cfg;
     size_t              request_size; /* user space in each UCX request */
     unsigned            idle_mask;    /* ema__xport_idle yields every idle_mask+1 calls */
+    long                cpus;         /* ema__cpus_usable() at start-up; 0 unknown */
 
     struct {
         ema__am_handler_cb cb;
@@ -348,7 +349,10 @@ int      ema__xport_waiter_call(ema__xport_t *xp, uint64_t id, unsigned kind,
  * oversubscribed on few cores. */
 void ema__xport_idle(ema__xport_t *xp);
 /* How often ema__xport_idle yields, from the cores and the ranks. */
-unsigned ema__xport_idle_mask(int size);
+unsigned ema__xport_idle_mask(int size, long cpus);
+/* The timer slack of EMA's short naps (the progress thread's, a reclaim's
+ * wait): the default 50 us would stretch a 20 us nap to 70. */
+#define EMA_NAP_TIMER_SLACK_NS 5000UL
 /* The handler table's cells, one per AM id (xport/am.c). */
 extern ema__xport_t *ema__xport_am_self[EMA_AM_MAX];
 

@@ -171,6 +171,31 @@ void ema__pool_borrow_job(void *arg)
 }
 
 /*
+ * Whether a reclaim naps while it waits for the give-backs (EMA_RECLAIM_WAIT).
+ * The wait holds two round trips, the invalidation's ACK and the give-back,
+ * and a 20 us nap delays whichever arrives during it.  Where the ranks and
+ * their progress threads outnumber the cores (the 2-core CI machine runs 4
+ * ranks), the nap leaves the core to the borrower that copies; where each
+ * has a core, spinning costs nobody a core.  Measured on the H200 (two
+ * ranks, ema_perf --op reclaim, launches alternating, session 14): the
+ * median 1 GiB reclaim of four sets of 5-8 launches at 0.886-0.956x a
+ * copy's speed spinning against 0.883-0.913x napping, ahead in each set
+ * (doc/performance.md).  Sessions 10 and 13 saw no difference, lost in
+ * launches that were slow for another reason.
+ */
+static int ema_pool_reclaim_naps(const ema__pool_t *pool)
+{
+    switch (pool->cfg.reclaim_wait) {
+    case EMA_POOL_RECLAIM_WAIT_SPIN:
+        return 0;
+    case EMA_POOL_RECLAIM_WAIT_NAP:
+        return 1;
+    default:
+        return !ema__xport_cores_plentiful(pool->xp->size, pool->xp->cpus);
+    }
+}
+
+/*
  * Recall lent segments until @target of them are free and withheld (in
  * addition to those withheld already); waits up to @timeout_ms.
  */
@@ -181,6 +206,7 @@ ema_status_t ema__pool_reclaim(ema__pool_t *pool, uint32_t target, uint64_t time
     int refused0 = atomic_load(&pool->recall_refused);
     uint32_t nsegs = pool->arena->pool.nsegs, sent = 0, idle = 0;
     ema_status_t status = EMA_SUCCESS;
+    unsigned nap = ema_pool_reclaim_naps(pool) ? EMA_WAIT_NAP : 0;
     uint32_t *segs = malloc(sizeof(uint32_t) * (nsegs ? nsegs : 1));
 
     /* waits for the borrowers' migrations, which need their windows' locks
@@ -255,10 +281,8 @@ ema_status_t ema__pool_reclaim(ema__pool_t *pool, uint32_t target, uint64_t time
         if (sent >= need && atomic_load(&pool->recall_pending) == 0) {
             break;
         }
-        /* A reclaim waits for copies that take milliseconds: it naps when
-         * idle, leaving the CPU to the borrowers doing them. */
         if (ema__xport_wait_pass(pool->xp, EMA_WAIT_QUICK) == 0) {
-            ema__xport_wait_idle(pool->xp, EMA_WAIT_QUICK | EMA_WAIT_NAP, &idle);
+            ema__xport_wait_idle(pool->xp, EMA_WAIT_QUICK | nap, &idle);
         } else {
             idle = 0;
         }

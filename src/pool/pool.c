@@ -53,6 +53,8 @@ void ema__pool_advertise_job(void *arg)
 #define EMA_POOL_CFG(_f) offsetof(ema__pool_config_t, _f)
 static const char *ema_spill_names[] = {"none", "host", NULL};
 static const ema_config_parser_t ema_spill_parser = EMA_CONFIG_ENUM(ema_spill_names);
+static const char *ema_reclaim_wait_names[] = {"auto", "spin", "nap", NULL}; /* _RECLAIM_WAIT_* */
+static const ema_config_parser_t ema_reclaim_wait_parser = EMA_CONFIG_ENUM(ema_reclaim_wait_names);
 
 const ema_config_field_t ema__pool_config_table[] = {
     {"LEND_RESERVE", "0", "memory of each rank that is never lent to peers",
@@ -72,6 +74,11 @@ const ema_config_field_t ema__pool_config_table[] = {
     {"RECLAIM_TIMEOUT", "2",
      "seconds a window's grow waits for the memory it lent to come back (implicit reclaim)",
      EMA_POOL_CFG(reclaim_timeout), &ema__config_double},
+    {"RECLAIM_WAIT", "auto",
+     "how a reclaim waits for its memory to come back: spin (poll without sleeping), nap "
+     "(sleep 20 us whenever idle, leaving the CPU to the ranks that copy) or auto (spin "
+     "where each rank and its progress thread have a core of their own, else nap)",
+     EMA_POOL_CFG(reclaim_wait), &ema_reclaim_wait_parser},
     EMA_CONFIG_TABLE_END};
 
 static void ema_pool_prefault_job(void *arg);

@@ -25,7 +25,15 @@ typedef struct ema__pool_config {
     int    cuda_spill;    /* EMA_CUDA_SPILL: a spill tier on the cuda kind too */
     int    stats;         /* print a summary at finalize */
     double reclaim_timeout; /* seconds, implicit reclaim */
+    int    reclaim_wait;  /* EMA_RECLAIM_WAIT: EMA_POOL_RECLAIM_WAIT_* */
 } ema__pool_config_t;
+
+/* How a reclaim waits for the give-backs (EMA_RECLAIM_WAIT) */
+enum {
+    EMA_POOL_RECLAIM_WAIT_AUTO = 0, /* spin where every rank's threads have cores, else nap */
+    EMA_POOL_RECLAIM_WAIT_SPIN,
+    EMA_POOL_RECLAIM_WAIT_NAP
+};
 
 extern const ema_config_field_t ema__pool_config_table[];
 

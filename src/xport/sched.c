@@ -28,14 +28,9 @@
 #include <stdlib.h>
 #include <time.h>
 
-/* A nap of a wait that lasts milliseconds: leave the CPU to the peers
- * doing the work.  Tried in session 10: not napping where every thread has
- * a core (a 20 us nanosleep lasts up to 70 us with the default timer
- * slack, and a give-back arriving meanwhile waits for it).  On the H200 it
- * showed no gain: a 1 GiB reclaim ran at 0.73x a copy's speed with it
- * (5 launches), 0.78x after going back, 0.83x in session 9; the borrower's
- * unmaps took 216-271 us instead of 168-174 while the lender spun
- * (doc/performance.md).  So every reclaim naps. */
+/* A nap of a wait that lasts milliseconds (EMA_WAIT_NAP): leave the CPU
+ * to the peers doing the work.  A reclaim naps only where cores are few
+ * (EMA_RECLAIM_WAIT, pool/lender.c says why). */
 #define EMA_WAIT_NAP_AFTER 256
 #define EMA_WAIT_NAP_NS    20000
 
@@ -61,9 +56,14 @@ void ema__xport_idle(ema__xport_t *xp)
  * empty polls, which still lets a stray thread run now and then.  The
  * cores are those of the affinity mask, fewer if a CPU quota grants fewer.
  */
+int ema__xport_cores_plentiful(int size, long cpus)
+{
+    return cpus > 0 && 2L * size <= cpus;
+}
+
 unsigned ema__xport_idle_mask(int size, long cpus)
 {
-    unsigned mask = (cpus > 0 && 2L * size <= cpus) ? 4095u : 63u;
+    unsigned mask = ema__xport_cores_plentiful(size, cpus) ? 4095u : 63u;
     ema_debug("%ld cores for %d ranks and their progress threads: waiters yield every %u "
               "empty polls", cpus, size, mask + 1);
     return mask;

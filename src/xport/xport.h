@@ -350,6 +350,9 @@ int      ema__xport_waiter_call(ema__xport_t *xp, uint64_t id, unsigned kind,
 void ema__xport_idle(ema__xport_t *xp);
 /* How often ema__xport_idle yields, from the cores and the ranks. */
 unsigned ema__xport_idle_mask(int size, long cpus);
+/* Whether each rank and its progress thread can have a core of their own:
+ * 2 * @size <= @cpus (cpus 0: unknown, so no). */
+int      ema__xport_cores_plentiful(int size, long cpus);
 /* The timer slack of EMA's short naps (the progress thread's, a reclaim's
  * wait): the default 50 us would stretch a 20 us nap to 70. */
 #define EMA_NAP_TIMER_SLACK_NS 5000UL

@@ -30,6 +30,12 @@ done
 check 0 "put,get default iterations" run 2 "$perf" --csv --op put,get --min 8 --max 64 --time 0.02
 check 0 "borrow,reclaim,prefetch,kernel" run 2 "$perf" --csv --op borrow,reclaim,prefetch,kernel --max 4K \
     --reclaim-sizes 2M --kernel-size 4M
+# a reclaim that spins and one that naps while it waits (EMA_RECLAIM_WAIT;
+# auto naps on this 2-core machine), each reclaim's data checked
+for w in spin nap; do
+    check 0 "reclaim, EMA_RECLAIM_WAIT=$w" run 2 env EMA_RECLAIM_WAIT=$w "$perf" --csv --op reclaim --max 4K \
+        --reclaim-sizes 2M,4M
+done
 check 2 "unknown option" run 2 "$perf" --no-such-option
 check 2 "unknown --op" run 2 "$perf" --op nothing
 check 2 "unknown word in --op" run 2 "$perf" --op put,foo

@@ -6,6 +6,7 @@
  * opt-in. */
 #include "util/config.h"
 #include "runtime/runtime.h"
+#include "xport/xport.h"
 
 #include "check_main.h"
 #include "log_capture.h"
@@ -327,6 +328,43 @@ EMA_TEST("spill", test_cuda_spill_bad_value_fails_the_read_naming_it)
     unsetenv("EMA_CUDA_SPILL");
     ck_assert_int_eq(s, EMA_ERR_INVALID_PARAM);
     ck_assert_msg(strstr(log, "EMA_CUDA_SPILL") != NULL, "no variable named: %s", log);
+}
+END_TEST
+
+/* EMA_RECLAIM_WAIT: auto by default, spin and nap taken, anything else
+ * refused with the variable named; auto spins only where each rank and its
+ * progress thread have a core (pool/lender.c). */
+EMA_TEST("reclaim", test_reclaim_wait_values)
+{
+    static const struct { const char *val; int want; } ok[] = {
+        {NULL, EMA_POOL_RECLAIM_WAIT_AUTO}, {"auto", EMA_POOL_RECLAIM_WAIT_AUTO},
+        {"spin", EMA_POOL_RECLAIM_WAIT_SPIN}, {"nap", EMA_POOL_RECLAIM_WAIT_NAP}};
+    ema__pool_config_t c;
+    for (size_t i = 0; i < sizeof(ok) / sizeof(ok[0]); i++) {
+        memset(&c, 0x5e, sizeof(c));
+        unsetenv("EMA_RECLAIM_WAIT");
+        if (ok[i].val != NULL) {
+            setenv("EMA_RECLAIM_WAIT", ok[i].val, 1);
+        }
+        ck_assert_int_eq(ema__config_read(ema__pool_config_table, &c), EMA_SUCCESS);
+        ck_assert_int_eq(c.reclaim_wait, ok[i].want);
+    }
+
+    char path[] = "/tmp/ema-test-config.XXXXXX", log[1024] = "";
+    ema_log_capture_t cap;
+    setenv("EMA_RECLAIM_WAIT", "sleep", 1);
+    ck_assert_int_eq(ema_log_capture_begin(&cap, path), 0);
+    ema_status_t s = ema__config_read(ema__pool_config_table, &c);
+    ema_log_capture_end(&cap, log, sizeof(log), 0);
+    unsetenv("EMA_RECLAIM_WAIT");
+    ck_assert_int_eq(s, EMA_ERR_INVALID_PARAM);
+    ck_assert_msg(strstr(log, "EMA_RECLAIM_WAIT") != NULL, "no variable named: %s", log);
+
+    ck_assert_int_eq(ema__xport_cores_plentiful(2, 4), 1);
+    ck_assert_int_eq(ema__xport_cores_plentiful(4, 16), 1);
+    ck_assert_int_eq(ema__xport_cores_plentiful(4, 2), 0); /* the CI machine */
+    ck_assert_int_eq(ema__xport_cores_plentiful(3, 5), 0);
+    ck_assert_int_eq(ema__xport_cores_plentiful(1, 0), 0); /* unknown */
 }
 END_TEST
 

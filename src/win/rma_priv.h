@@ -64,12 +64,25 @@ static inline size_t rma_run(ema_win_h win, const ema__win_part_t *part, size_t 
 /* An issue counts in the in-flight count of the epoch it started in: an
  * invalidation flips the epoch and waits only for the old one's count, so
  * operations that start later (and see the segments MOVING) cannot keep it
- * waiting, however many threads issue them. */
+ * waiting, however many threads issue them.  The count must be taken
+ * while that epoch is still the current one: an issue that read epoch e,
+ * was preempted across a flip and then counted itself in e would be
+ * invisible to the next flip (from 1 - e back to e), which waits for
+ * 1 - e.  So the epoch is read again after the count (both sequentially
+ * consistent: either the flip's drain sees the count or the issue sees
+ * the flip), and the count moves if it changed.  The location is read
+ * after this, so it sees the mark of every invalidation that does not
+ * wait for it. */
 static inline int rma_in(ema__win_ctx_t *ctx)
 {
-    int ep = atomic_load(&ctx->epoch) & 1;
-    atomic_fetch_add(&ctx->inflight[ep], 1);
-    return ep;
+    for (;;) {
+        int ep = atomic_load(&ctx->epoch) & 1;
+        atomic_fetch_add(&ctx->inflight[ep], 1);
+        if ((atomic_load(&ctx->epoch) & 1) == ep) {
+            return ep;
+        }
+        atomic_fetch_sub(&ctx->inflight[ep], 1);
+    }
 }
 
 static inline void rma_leave(ema__win_ctx_t *ctx, int ep)

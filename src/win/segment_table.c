@@ -590,9 +590,24 @@ ema_status_t ema__win_inval_local(ema__win_ctx_t *ctx, ema_win_h win, int part, 
      * that started later (those see the mark and wait), so a stream of
      * operations from other threads cannot hold the migration back.  Once
      * the count is 0 and the flush is done, no operation to the old
-     * location remains. */
+     * location remains.
+     *
+     * One flip and drain at a time (inval_lock), as SRCU serialises its
+     * grace periods: two invalidations running at once on this rank (the
+     * progress thread's INVAL job and another thread's: a reclaim's wait
+     * or an application wait runs quick jobs too) would flip the epoch
+     * twice, and the second would wait for the count the first left, not
+     * for the issues counted before its own mark.  An issue in flight then
+     * wrote the old memory after the owner's copy (session 14: ema_stress
+     * on the H200 lost 1616 bytes, one put).  The drain only spins on the
+     * count: under the lock no job runs and no other lock is taken.  The
+     * issues it waits for never wait for an invalidation themselves (they
+     * leave the count before any wait that runs jobs: rma.c
+     * rma_wait_moving, cuda_path.c rma_cdirect_drain). */
+    pthread_mutex_lock(&ctx->inval_lock);
     int old = atomic_fetch_xor(&ctx->epoch, 1) & 1;
     ema__xport_wait_until(ctx->xp, EMA_WAIT_NONE, 0, ema_win_drained, &ctx->inflight[old]);
+    pthread_mutex_unlock(&ctx->inval_lock);
     return ema__xport_flush(ctx->xp);
 }
 

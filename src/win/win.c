@@ -28,6 +28,7 @@ ema_status_t ema__win_ctx_init(ema__win_ctx_t *ctx, ema__xport_t *xp, ema__mem_a
     atomic_init(&ctx->inflight[0], 0);
     atomic_init(&ctx->inflight[1], 0);
     atomic_init(&ctx->epoch, 0);
+    pthread_mutex_init(&ctx->inval_lock, NULL);
     pthread_mutex_init(&ctx->lock, NULL);
     pthread_mutex_init(&ctx->cpath.lock, NULL);
     for (t = 0; t < EMA_TIER_MAX; t++) {
@@ -299,6 +300,7 @@ void ema__win_ctx_cleanup(ema__win_ctx_t *ctx)
     ctx->issued  = NULL;
     ctx->flushed = NULL;
     pthread_mutex_destroy(&ctx->lock);
+    pthread_mutex_destroy(&ctx->inval_lock);
 }
 
 ema_win_h ema__win_find(ema__win_ctx_t *ctx, uint32_t id)

@@ -193,6 +193,8 @@ typedef struct ema__win_ctx {
     atomic_int         inflight[2]; /* RMA issues in progress, by the epoch they
                                        started in (rma.c, rma_in) */
     atomic_int         epoch;       /* flipped by each invalidation */
+    pthread_mutex_t    inval_lock;  /* one invalidation's flip and drain at a time
+                                       (ema__win_inval_local); a leaf */
     /* Direct access (host kind): every rank's tiers are mapped here, and
      * put/get/atomics are loads and stores, with no work for the target.
      * UCX 1.13 performs RMA to registered host memory with active messages

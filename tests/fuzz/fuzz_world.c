@@ -196,6 +196,7 @@ static void world_up(void)
     atomic_init(&c->inflight[0], 0);
     atomic_init(&c->inflight[1], 0);
     atomic_init(&c->epoch, 0);
+    pthread_mutex_init(&c->inval_lock, NULL);
     pthread_mutex_init(&c->lock, NULL);
     pthread_mutex_init(&c->cpath.lock, NULL);
     for (int t = 0; t < EMA_TIER_MAX; t++) {
@@ -329,6 +330,7 @@ static void world_down(void)
     free(c->flushed);
     pthread_mutex_destroy(&c->amo_lock);
     pthread_mutex_destroy(&c->lock);
+    pthread_mutex_destroy(&c->inval_lock);
     pthread_mutex_destroy(&c->cpath.lock);
     ema__xport_coll_cleanup(xp);
     ema__xport_waiters_cleanup(xp);

@@ -316,18 +316,24 @@ EMA_TEST("spill", test_cuda_spill_is_off_by_default_and_opt_in)
 }
 END_TEST
 
-EMA_TEST("spill", test_cuda_spill_bad_value_fails_the_read_naming_it)
+/* The pool's table read with @var=@val refuses it, naming @var. */
+static void assert_pool_var_refused(const char *var, const char *val)
 {
     char path[] = "/tmp/ema-test-config.XXXXXX", log[1024] = "";
     ema_log_capture_t cap;
     ema__pool_config_t c;
-    setenv("EMA_CUDA_SPILL", "maybe", 1);
+    setenv(var, val, 1);
     ck_assert_int_eq(ema_log_capture_begin(&cap, path), 0);
     ema_status_t s = ema__config_read(ema__pool_config_table, &c);
     ema_log_capture_end(&cap, log, sizeof(log), 0);
-    unsetenv("EMA_CUDA_SPILL");
+    unsetenv(var);
     ck_assert_int_eq(s, EMA_ERR_INVALID_PARAM);
-    ck_assert_msg(strstr(log, "EMA_CUDA_SPILL") != NULL, "no variable named: %s", log);
+    ck_assert_msg(strstr(log, var) != NULL, "%s not named: %s", var, log);
+}
+
+EMA_TEST("spill", test_cuda_spill_bad_value_fails_the_read_naming_it)
+{
+    assert_pool_var_refused("EMA_CUDA_SPILL", "maybe");
 }
 END_TEST
 
@@ -349,16 +355,7 @@ EMA_TEST("reclaim", test_reclaim_wait_values)
         ck_assert_int_eq(ema__config_read(ema__pool_config_table, &c), EMA_SUCCESS);
         ck_assert_int_eq(c.reclaim_wait, ok[i].want);
     }
-
-    char path[] = "/tmp/ema-test-config.XXXXXX", log[1024] = "";
-    ema_log_capture_t cap;
-    setenv("EMA_RECLAIM_WAIT", "sleep", 1);
-    ck_assert_int_eq(ema_log_capture_begin(&cap, path), 0);
-    ema_status_t s = ema__config_read(ema__pool_config_table, &c);
-    ema_log_capture_end(&cap, log, sizeof(log), 0);
-    unsetenv("EMA_RECLAIM_WAIT");
-    ck_assert_int_eq(s, EMA_ERR_INVALID_PARAM);
-    ck_assert_msg(strstr(log, "EMA_RECLAIM_WAIT") != NULL, "no variable named: %s", log);
+    assert_pool_var_refused("EMA_RECLAIM_WAIT", "sleep");
 
     ck_assert_int_eq(ema__xport_cores_plentiful(2, 4), 1);
     ck_assert_int_eq(ema__xport_cores_plentiful(4, 16), 1);

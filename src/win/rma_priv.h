@@ -73,16 +73,22 @@ static inline size_t rma_run(ema_win_h win, const ema__win_part_t *part, size_t 
  * the flip), and the count moves if it changed.  The location is read
  * after this, so it sees the mark of every invalidation that does not
  * wait for it. */
+static inline int rma_count_in(ema__win_ctx_t *ctx, int ep)
+{
+    atomic_fetch_add(&ctx->inflight[ep], 1);
+    if ((atomic_load(&ctx->epoch) & 1) == ep) {
+        return ep;
+    }
+    atomic_fetch_sub(&ctx->inflight[ep], 1);
+    return -1; /* the epoch read is stale: read it again */
+}
+
 static inline int rma_in(ema__win_ctx_t *ctx)
 {
-    for (;;) {
-        int ep = atomic_load(&ctx->epoch) & 1;
-        atomic_fetch_add(&ctx->inflight[ep], 1);
-        if ((atomic_load(&ctx->epoch) & 1) == ep) {
-            return ep;
-        }
-        atomic_fetch_sub(&ctx->inflight[ep], 1);
+    int ep;
+    while ((ep = rma_count_in(ctx, atomic_load(&ctx->epoch) & 1)) < 0) {
     }
+    return ep;
 }
 
 static inline void rma_leave(ema__win_ctx_t *ctx, int ep)

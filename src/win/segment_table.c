@@ -600,10 +600,13 @@ ema_status_t ema__win_inval_local(ema__win_ctx_t *ctx, ema_win_h win, int part, 
      * for the issues counted before its own mark.  An issue in flight then
      * wrote the old memory after the owner's copy (session 14: ema_stress
      * on the H200 lost 1616 bytes, one put).  The drain only spins on the
-     * count: under the lock no job runs and no other lock is taken.  The
-     * issues it waits for never wait for an invalidation themselves (they
-     * leave the count before any wait that runs jobs: rma.c
-     * rma_wait_moving, cuda_path.c rma_cdirect_drain). */
+     * count: under the lock no job runs (its idle steps may look for dead
+     * peers, which takes defer_lock, a leaf).  The issues it waits for
+     * never wait for an invalidation themselves: they leave the count
+     * before any wait that runs jobs (rma.c rma_wait_moving, cuda_path.c
+     * rma_cdirect_drain), except a holder-side atomic on cuda, whose wait
+     * runs quick jobs but puts INVAL jobs back in the queue
+     * (coherence.c ema_win_in_amo). */
     pthread_mutex_lock(&ctx->inval_lock);
     int old = atomic_fetch_xor(&ctx->epoch, 1) & 1;
     ema__xport_wait_until(ctx->xp, EMA_WAIT_NONE, 0, ema_win_drained, &ctx->inflight[old]);

@@ -139,6 +139,26 @@ EMA_TEST("inval", test_an_issue_counts_in_the_epoch_current_after_its_count)
 }
 END_TEST
 
+EMA_TEST("inval", test_an_issue_preempted_across_a_flip_counts_again)
+{
+    setup();
+    /* an issue read epoch 0, then an invalidation flipped it before the
+     * issue counted itself: its count in 0 would be invisible to the next
+     * flip (1 to 0, which waits for 1), so it is taken back */
+    int stale = atomic_load(&ctx.epoch) & 1;
+    ck_assert_int_eq(ema__win_inval_local(&ctx, &win, 1, 0, 1), EMA_SUCCESS);
+    ck_assert_int_eq(rma_count_in(&ctx, stale), -1);
+    ck_assert_int_eq(atomic_load(&ctx.inflight[0]) + atomic_load(&ctx.inflight[1]), 0);
+    /* read again, it counts in the current epoch, which the next
+     * invalidation waits for */
+    int ep = rma_in(&ctx);
+    ck_assert_int_eq(ep, 1 - stale);
+    ck_assert_int_eq(atomic_load(&ctx.inflight[ep]), 1);
+    rma_leave(&ctx, ep);
+    teardown();
+}
+END_TEST
+
 int main(void)
 {
     return ema_check_main("inval", CK_ENV);

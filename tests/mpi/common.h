@@ -142,7 +142,10 @@ static inline void own_read(ema_win_h win, const void *base, size_t off, void *b
         return;
     }
     if (!test_kind_is_cuda()) {
+        /* held, as ema(7) asks of loads of a range that may move */
+        T_OK(ema_win_acquire(win, off, len));
         memcpy(buf, (const uint8_t *)base + off, len);
+        T_OK(ema_win_release(win, off, len));
         return;
     }
     T_OK(ema_get(win, t_me(), off, buf, len));

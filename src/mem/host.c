@@ -252,10 +252,12 @@ static ema_status_t host_prefault(ema__mem_arena_t *arena, uint32_t first, uint3
     if (arena->huge) {
         return EMA_SUCCESS; /* fallocate'd at creation: resident already */
     }
+    /* An atomic add of 0, not *c = *c: segments may be lent and written
+     * by a borrower already, and a plain read-then-write could put back
+     * the byte it read over the borrower's store. */
     long pg = sysconf(_SC_PAGESIZE);
     for (size_t off = 0; off < len; off += (size_t)pg) {
-        volatile char *c = p + off;
-        *c = *c;
+        __atomic_fetch_add((char *)(p + off), (char)0, __ATOMIC_RELAXED);
     }
     return EMA_SUCCESS;
 }

@@ -76,7 +76,12 @@ static void ema_pool_grant(ema__pool_t *pool, int src, const ema_pool_msg_t *req
     int recalled = 0;
     pthread_mutex_lock(&pool->lock);
     for (uint32_t i = 0; i < k; i++) {
-        pool->granting[segs[i]] = 0;
+        /* only while still ours to grant: if @src was lost meanwhile, the
+         * segment may be granted to another rank now, whose grant is
+         * still going out (a recall must not overtake it) */
+        if (pool->lent_to[segs[i]] == src) {
+            pool->granting[segs[i]] = 0;
+        }
         if (!sent && pool->lent_to[segs[i]] == src) { /* (a lost rank's may be back already) */
             recalled += pool_seg_back_locked(pool, segs[i]);
         }
@@ -151,7 +156,8 @@ void ema__pool_refused(ema__pool_t *pool, int src, uint32_t count, const uint32_
     for (i = 0; i < count; i++) {
         uint32_t s = segs[i];
         if (pool->recalling[s]) { /* not recalled, or refused already: nothing */
-            pool->recalling[s] = 0;
+            pool->recalling[s]   = 0;
+            pool->refused_seg[s] = 1;
             n++;
         }
     }
@@ -203,17 +209,20 @@ ema_status_t ema__pool_reclaim(ema__pool_t *pool, uint32_t target, uint64_t time
                                int *withheld_p)
 {
     double t0 = ema__now_us();
-    int refused0 = atomic_load(&pool->recall_refused);
     uint32_t nsegs = pool->arena->pool.nsegs, sent = 0, idle = 0;
     ema_status_t status = EMA_SUCCESS;
     unsigned nap = ema_pool_reclaim_naps(pool) ? EMA_WAIT_NAP : 0;
     uint32_t *segs = malloc(sizeof(uint32_t) * (nsegs ? nsegs : 1));
+    uint32_t *mine = malloc(sizeof(uint32_t) * (nsegs ? nsegs : 1)); /* what this call recalled */
+    uint32_t mine_pending = 0, mine_refused = 0;
 
     /* waits for the borrowers' migrations, which need their windows' locks
      * and may need ours: never under a window's lock */
     EMA_WIN_ASSERT_NONE_LOCKED();
     *withheld_p = 0;
-    if (segs == NULL) {
+    if (segs == NULL || mine == NULL) {
+        free(segs);
+        free(mine);
         return EMA_ERR_NO_MEMORY;
     }
     pthread_mutex_lock(&pool->lock);
@@ -226,6 +235,7 @@ ema_status_t ema__pool_reclaim(ema__pool_t *pool, uint32_t target, uint64_t time
     if (need > pool->arena->pool.nlent) {
         pthread_mutex_unlock(&pool->lock);
         free(segs);
+        free(mine);
         ema_debug("reclaim of %u segments: %u free, %u lent, the rest backs own windows",
                   target, have, pool->arena->pool.nlent);
         return EMA_ERR_NO_MEMORY;
@@ -236,16 +246,22 @@ ema_status_t ema__pool_reclaim(ema__pool_t *pool, uint32_t target, uint64_t time
 
     /* Recall lent segments, grouped by borrower; one whose grant is still
      * being sent is recalled on a later pass, so the recall cannot overtake
-     * the grant.  Then wait for the give-backs. */
-    while (sent < need || atomic_load(&pool->recall_pending) > 0) {
+     * the grant.  Then wait for the give-backs of this call's own recalls
+     * (mine): an earlier call's recall that timed out, still pending, or
+     * refused later, is not this call's to wait for or to fail by (session
+     * 14: one timed-out reclaim made every later one, and every grow that
+     * reclaims, wait its whole timeout). */
+    for (;;) {
         for (int b = 0; b < pool->size && sent < need; b++) {
             uint32_t n = 0;
             pthread_mutex_lock(&pool->lock);
             for (uint32_t s = 0; s < nsegs && sent + n < need; s++) {
                 if (pool->lent_to[s] == b && !pool->recalling[s] && !pool->granting[s]) {
                     ema_trace("recalling segment %u from rank %d", s, b);
-                    pool->recalling[s] = 1;
-                    segs[n++] = s;
+                    pool->recalling[s]   = 1;
+                    pool->refused_seg[s] = 0;
+                    mine[sent + n] = s;
+                    segs[n++]      = s;
                 }
             }
             if (n > 0) {
@@ -278,7 +294,14 @@ ema_status_t ema__pool_reclaim(ema__pool_t *pool, uint32_t target, uint64_t time
             }
             break;
         }
-        if (sent >= need && atomic_load(&pool->recall_pending) == 0) {
+        pthread_mutex_lock(&pool->lock);
+        mine_pending = mine_refused = 0;
+        for (uint32_t i = 0; i < sent; i++) {
+            mine_pending += pool->recalling[mine[i]] != 0;
+            mine_refused += !pool->recalling[mine[i]] && pool->refused_seg[mine[i]];
+        }
+        pthread_mutex_unlock(&pool->lock);
+        if (sent >= need && mine_pending == 0) {
             break;
         }
         if (ema__xport_wait_pass(pool->xp, EMA_WAIT_QUICK) == 0) {
@@ -291,13 +314,14 @@ ema_status_t ema__pool_reclaim(ema__pool_t *pool, uint32_t target, uint64_t time
             pthread_mutex_lock(&pool->lock);
             nfree = ema__seg_pool_nfree(&pool->arena->pool);
             pthread_mutex_unlock(&pool->lock);
-            if (nfree >= pool->withheld && atomic_load(&pool->recall_pending) == 0) {
+            if (nfree >= pool->withheld && mine_pending == 0) {
                 break;
             }
         }
     }
     free(segs);
-    int refused = atomic_load(&pool->recall_refused) - refused0;
+    free(mine);
+    int refused = (int)mine_refused;
     if (status == EMA_SUCCESS && refused > 0) {
         ema_debug("reclaim: borrowers had nowhere to move %d segments", refused);
         status = EMA_ERR_NO_MEMORY;

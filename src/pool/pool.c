@@ -143,9 +143,11 @@ ema_status_t ema__pool_init(ema__pool_t *pool, ema__win_ctx_t *win, ema__mem_are
     pool->acq_cap = 0;
     pool->lent_to       = malloc(sizeof(int16_t) * nsegs);
     pool->recalling     = calloc(nsegs, 1);
+    pool->refused_seg   = calloc(nsegs, 1);
     pool->granting      = calloc(nsegs, 1);
     pool->peer_lendable = calloc((size_t)(unsigned)pool->size, sizeof(*pool->peer_lendable));
-    if (pool->lent_to == NULL || pool->recalling == NULL || pool->granting == NULL ||
+    if (pool->lent_to == NULL || pool->recalling == NULL || pool->refused_seg == NULL ||
+        pool->granting == NULL ||
         pool->peer_lendable == NULL) {
         ema__pool_cleanup(pool);
         return EMA_ERR_NO_MEMORY;
@@ -188,6 +190,8 @@ void ema__pool_cleanup(ema__pool_t *pool)
     }
     free(pool->lent_to);
     free(pool->recalling);
+    free(pool->refused_seg);
+    pool->refused_seg = NULL;
     free(pool->granting);
     pool->granting = NULL;
     free(pool->acq);

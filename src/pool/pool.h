@@ -62,6 +62,8 @@ typedef struct ema__pool {
     pthread_mutex_t    lock;         /* lender-side bookkeeping below */
     int16_t           *lent_to;      /* [nsegs]: borrower of a lent segment, -1 */
     uint8_t           *recalling;    /* [nsegs]: recall sent, not yet given back */
+    uint8_t           *refused_seg;  /* [nsegs]: its last recall was refused (a reclaim
+                                        counts its own refusals by it) */
     uint8_t           *granting;     /* [nsegs]: lent, grant not sent yet */
     uint32_t           withheld;     /* free segments not to be lent or used */
     atomic_int         recall_pending;

@@ -814,11 +814,14 @@ EMA_EXPORT ema_status_t ema_win_advance(ema_win_h win, size_t group)
         return EMA_SUCCESS;
     }
     /* FLAG_WAIT: until a run from this position is done with the group (or
-     * the walk moved on, or the policy changed).  A long wait: where no
-     * progress thread runs the job, this thread does. */
+     * the walk moved on, or the policy changed).  Where no progress thread
+     * runs the job, this thread does (a long wait); where one runs, quick
+     * steps only, so that no recall and no reclaim callback runs on the
+     * application's thread (ema(7) THREADS). */
     EMA_WIN_ASSERT_UNLOCKED(win);
     policy_wait_t w = {win, word, ticket};
-    return ema__xport_wait_until(win->ctx->xp, EMA_WAIT_LONG, 0,
+    return ema__xport_wait_until(win->ctx->xp,
+                                 win->ctx->progress_thread ? EMA_WAIT_QUICK : EMA_WAIT_LONG, 0,
                                  policy_advanced, &w);
 }
 

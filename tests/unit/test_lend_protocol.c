@@ -22,6 +22,7 @@
  */
 #include "pool/pool_priv.h"
 
+#include "util/clock.h"
 #include "check_main.h"
 
 #include <check.h>
@@ -954,6 +955,61 @@ EMA_TEST("loopback", test_grant_from_another_rank_or_twice_is_dropped)
     ck_assert_uint_eq(borrow(B, 2, L2, locs, h), 2);
     ck_assert_uint_eq(b->nacq, 4);
     ck_assert_uint_eq(atomic_load(&b->borrowed_segs), 4);
+}
+END_TEST
+
+/* A reclaim that timed out leaves its recall pending (the borrower holds
+ * the range).  A later reclaim that needs nothing recalled, since enough
+ * is free, must not wait for that old recall (session 14: it waited its
+ * whole timeout, and every grow that reclaims waited EMA_RECLAIM_TIMEOUT). */
+EMA_TEST("loopback", test_timed_out_recall_does_not_hold_a_later_reclaim)
+{
+    ema__pool_t *l = &side[L].pool;
+    int withheld = -1;
+
+    borrow_all_of_l();              /* all of L's segments lent to B */
+    recall_answer = ANSWER_NOTHING; /* B holds them: the recall parks */
+    ck_assert_int_eq(reclaim(1, 50, &withheld), EMA_ERR_TIMEOUT);
+    ck_assert_int_eq(atomic_load(&l->recall_pending), 1);
+    pthread_mutex_lock(&l->lock); /* as a grow's reclaim_for_self: withheld no more */
+    l->withheld -= 1;
+    pthread_mutex_unlock(&l->lock);
+    /* B gives back 2 other segments, not recalled: L has 2 free */
+    ema__loc_t locs[2] = {EMA_LOC(L, EMA_TIER_DEVICE, NSEGS - 2),
+                          EMA_LOC(L, EMA_TIER_DEVICE, NSEGS - 1)};
+    ema__pool_mem_ops.release(&side[B].pool, locs, 2);
+    pump();
+    ck_assert_uint_eq(ema__seg_pool_nfree(&l->arena->pool), 2);
+    double t0 = ema__now_us();
+    ck_assert_int_eq(reclaim(1, 2000, &withheld), EMA_SUCCESS);
+    ck_assert_msg(ema__now_us() - t0 < 1e6, "waited %.0f ms for another call's recall",
+                  (ema__now_us() - t0) / 1e3);
+}
+END_TEST
+
+/* The refusal of an earlier, timed-out recall arriving during a later
+ * reclaim whose own recall is given back does not fail the later one. */
+EMA_TEST("loopback", test_an_earlier_recalls_refusal_does_not_fail_a_later_reclaim)
+{
+    ema__pool_t *l = &side[L].pool;
+    int withheld = -1;
+
+    borrow_all_of_l();
+    recall_answer = ANSWER_NOTHING;
+    ck_assert_int_eq(reclaim(1, 50, &withheld), EMA_ERR_TIMEOUT); /* one segment recalling */
+    pthread_mutex_lock(&l->lock);
+    l->withheld = 0;
+    pthread_mutex_unlock(&l->lock);
+    uint32_t old = 0;
+    for (uint32_t s = 0; s < NSEGS; s++) {
+        if (l->recalling[s]) {
+            old = s;
+        }
+    }
+    send_raw(B, L, EMA_POOL_MSG_REFUSE, 1, &old, 1, 0); /* queued: the old one's answer */
+    recall_answer = ANSWER_GIVEBACK;
+    ck_assert_int_eq(reclaim(1, 2000, &withheld), EMA_SUCCESS);
+    ck_assert_uint_ge(ema__seg_pool_nfree(&l->arena->pool), 1);
 }
 END_TEST
 

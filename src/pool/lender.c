@@ -212,17 +212,16 @@ ema_status_t ema__pool_reclaim(ema__pool_t *pool, uint32_t target, uint64_t time
     uint32_t nsegs = pool->arena->pool.nsegs, sent = 0, idle = 0;
     ema_status_t status = EMA_SUCCESS;
     unsigned nap = ema_pool_reclaim_naps(pool) ? EMA_WAIT_NAP : 0;
-    uint32_t *segs = malloc(sizeof(uint32_t) * (nsegs ? nsegs : 1));
-    uint32_t *mine = malloc(sizeof(uint32_t) * (nsegs ? nsegs : 1)); /* what this call recalled */
-    uint32_t mine_pending = 0, mine_refused = 0;
+    /* what this call recalled, in the order sent (each RECALL's payload) */
+    uint32_t *mine = malloc(sizeof(uint32_t) * (nsegs ? nsegs : 1));
+    uint32_t mine_pending = 0, mine_refused = 0, counted = 0;
+    int pending_seen = -1;
 
     /* waits for the borrowers' migrations, which need their windows' locks
      * and may need ours: never under a window's lock */
     EMA_WIN_ASSERT_NONE_LOCKED();
     *withheld_p = 0;
-    if (segs == NULL || mine == NULL) {
-        free(segs);
-        free(mine);
+    if (mine == NULL) {
         return EMA_ERR_NO_MEMORY;
     }
     pthread_mutex_lock(&pool->lock);
@@ -234,7 +233,6 @@ ema_status_t ema__pool_reclaim(ema__pool_t *pool, uint32_t target, uint64_t time
     uint32_t need  = want > nfree ? want - nfree : 0;
     if (need > pool->arena->pool.nlent) {
         pthread_mutex_unlock(&pool->lock);
-        free(segs);
         free(mine);
         ema_debug("reclaim of %u segments: %u free, %u lent, the rest backs own windows",
                   target, have, pool->arena->pool.nlent);
@@ -260,8 +258,7 @@ ema_status_t ema__pool_reclaim(ema__pool_t *pool, uint32_t target, uint64_t time
                     ema_trace("recalling segment %u from rank %d", s, b);
                     pool->recalling[s]   = 1;
                     pool->refused_seg[s] = 0;
-                    mine[sent + n] = s;
-                    segs[n++]      = s;
+                    mine[sent + n++]     = s;
                 }
             }
             if (n > 0) {
@@ -275,7 +272,7 @@ ema_status_t ema__pool_reclaim(ema__pool_t *pool, uint32_t target, uint64_t time
             memset(&m, 0, sizeof(m));
             m.type  = EMA_POOL_MSG_RECALL;
             m.count = n;
-            ema__pool_send(pool, b, &m, segs, (size_t)n * sizeof(uint32_t));
+            ema__pool_send(pool, b, &m, mine + sent, (size_t)n * sizeof(uint32_t));
             ema_debug("recalled %u segments from rank %d", n, b);
             sent += n;
         }
@@ -294,13 +291,22 @@ ema_status_t ema__pool_reclaim(ema__pool_t *pool, uint32_t target, uint64_t time
             }
             break;
         }
-        pthread_mutex_lock(&pool->lock);
-        mine_pending = mine_refused = 0;
-        for (uint32_t i = 0; i < sent; i++) {
-            mine_pending += pool->recalling[mine[i]] != 0;
-            mine_refused += !pool->recalling[mine[i]] && pool->refused_seg[mine[i]];
+        /* Every answer (give-back, refusal, a lost borrower) clears its
+         * segments' flags under the lock and only then takes them off
+         * recall_pending: so this call's own count is looked at again
+         * only when that or what it sent moved, not at every poll. */
+        int pending = atomic_load(&pool->recall_pending);
+        if (pending != pending_seen || sent != counted) {
+            pending_seen = pending;
+            counted      = sent;
+            pthread_mutex_lock(&pool->lock);
+            mine_pending = mine_refused = 0;
+            for (uint32_t i = 0; i < sent; i++) {
+                mine_pending += pool->recalling[mine[i]] != 0;
+                mine_refused += !pool->recalling[mine[i]] && pool->refused_seg[mine[i]];
+            }
+            pthread_mutex_unlock(&pool->lock);
         }
-        pthread_mutex_unlock(&pool->lock);
         if (sent >= need && mine_pending == 0) {
             break;
         }
@@ -319,11 +325,9 @@ ema_status_t ema__pool_reclaim(ema__pool_t *pool, uint32_t target, uint64_t time
             }
         }
     }
-    free(segs);
     free(mine);
-    int refused = (int)mine_refused;
-    if (status == EMA_SUCCESS && refused > 0) {
-        ema_debug("reclaim: borrowers had nowhere to move %d segments", refused);
+    if (status == EMA_SUCCESS && mine_refused > 0) {
+        ema_debug("reclaim: borrowers had nowhere to move %u segments", mine_refused);
         status = EMA_ERR_NO_MEMORY;
     }
     double us = ema__now_us() - t0;

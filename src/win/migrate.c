@@ -181,33 +181,26 @@ ema_status_t ema__win_move(ema_win_h win, uint32_t *idx, uint32_t n, int exclude
         for (i = 0; i < n; i++) {
             held |= atomic_load(&win->held[idx[i]]) > 0;
         }
-        if (status != EMA_SUCCESS) {
-            /* Some rank may not have stopped using the old memory: no
-             * copy, no give-back.  Back in service where they were, the
-             * targets released, and the error said (the recall path
-             * refuses or retries what did not move). */
-            ema_error("window %u: invalidating %u segments failed (%s): they stay where they "
-                      "are", win->id, n, ema_strerror(status));
-            for (i = 0; i < n; i++) {
-                atomic_store(&part->loc[idx[i]], old[i]);
-            }
-            for (uint32_t r = 0; r < nruns; r++) {
-                ema__win_publish(win, first[r], count[r]);
-            }
-            ctx->mem_ops->release(ctx->mem_arg, loc, n);
-            goto out;
-        }
-        if (!held) {
+        if (status == EMA_SUCCESS && !held) {
             break;
         }
-        /* Acquired while we marked them (ema_win_acquire marks first, then
-         * checks MOVING): back in service everywhere, and the next pass
-         * leaves the held ones out. */
+        /* Back in service everywhere, where they were: acquired while we
+         * marked them (ema_win_acquire marks first, then checks MOVING),
+         * and the next pass leaves the held ones out; or the round failed,
+         * and some rank may not have stopped using the old memory, so no
+         * copy and no give-back (the recall path refuses what did not
+         * move). */
         for (i = 0; i < n; i++) {
             atomic_store(&part->loc[idx[i]], old[i]);
         }
         for (uint32_t r = 0; r < nruns; r++) {
             ema__win_publish(win, first[r], count[r]);
+        }
+        if (status != EMA_SUCCESS) {
+            ema_error("window %u: invalidating %u segments failed (%s): they stay where they "
+                      "are", win->id, n, ema_strerror(status));
+            ctx->mem_ops->release(ctx->mem_arg, loc, n);
+            goto out;
         }
     }
 
@@ -499,9 +492,8 @@ void ema__win_recall(ema__win_ctx_t *ctx, int src, const uint32_t *segs, uint32_
                      * another reason (a failed invalidation, unmap or copy)
                      * while nobody holds it, so no release would ever
                      * wake a parked recall for it */
-                    if (unheld[i] && (st == EMA_ERR_NO_MEMORY ||
-                                      (st != EMA_SUCCESS &&
-                                       atomic_load(&win->held[idx2[i]]) == 0))) {
+                    if (unheld[i] && st != EMA_SUCCESS &&
+                        (st == EMA_ERR_NO_MEMORY || atomic_load(&win->held[idx2[i]]) == 0)) {
                         refuse[nrefuse++] = EMA_LOC_SEG(l);
                         continue;
                     }

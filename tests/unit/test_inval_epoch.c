@@ -89,7 +89,6 @@ EMA_TEST("inval", test_overlapping_invalidations_wait_for_an_issue_counted_befor
     inval_arg_t a = {.first = 0}, b = {.first = 1};
     pthread_t ta, tb;
 
-    setup();
     atomic_init(&a.done, 0);
     atomic_init(&b.done, 0);
     int ep = rma_in(&ctx); /* a put that has read its location: in flight */
@@ -117,13 +116,11 @@ EMA_TEST("inval", test_overlapping_invalidations_wait_for_an_issue_counted_befor
     ck_assert_int_eq(atomic_load(&b.done), 1);
     ck_assert(atomic_load(&locs[1]) & EMA_LOC_MOVING);
     ck_assert_int_eq(atomic_load(&ctx.inflight[0]) + atomic_load(&ctx.inflight[1]), 0);
-    teardown();
 }
 END_TEST
 
 EMA_TEST("inval", test_an_issue_counts_in_the_epoch_current_after_its_count)
 {
-    setup();
     /* after each flip, an issue counts in the new epoch, and an invalidation
      * with nothing in flight returns at once */
     for (int k = 0; k < 4; k++) {
@@ -135,13 +132,11 @@ EMA_TEST("inval", test_an_issue_counts_in_the_epoch_current_after_its_count)
         ck_assert_int_eq(ema__win_inval_local(&ctx, &win, 1, (uint32_t)k, 1), EMA_SUCCESS);
         ck_assert_int_ne(atomic_load(&ctx.epoch) & 1, cur);
     }
-    teardown();
 }
 END_TEST
 
 EMA_TEST("inval", test_an_issue_preempted_across_a_flip_counts_again)
 {
-    setup();
     /* an issue read epoch 0, then an invalidation flipped it before the
      * issue counted itself: its count in 0 would be invisible to the next
      * flip (1 to 0, which waits for 1), so it is taken back */
@@ -155,11 +150,11 @@ EMA_TEST("inval", test_an_issue_preempted_across_a_flip_counts_again)
     ck_assert_int_eq(ep, 1 - stale);
     ck_assert_int_eq(atomic_load(&ctx.inflight[ep]), 1);
     rma_leave(&ctx, ep);
-    teardown();
 }
 END_TEST
 
 int main(void)
 {
+    ema_check_tcase_options("inval", 30, setup, teardown);
     return ema_check_main("inval", CK_ENV);
 }

@@ -958,22 +958,38 @@ EMA_TEST("loopback", test_grant_from_another_rank_or_twice_is_dropped)
 }
 END_TEST
 
-/* A reclaim that timed out leaves its recall pending (the borrower holds
- * the range).  A later reclaim that needs nothing recalled, since enough
- * is free, must not wait for that old recall (session 14: it waited its
- * whole timeout, and every grow that reclaims waited EMA_RECLAIM_TIMEOUT). */
+/* L lends all it has to B, and a reclaim of one segment times out (B
+ * holds it: its recall stays pending), then no longer withholds it (as a
+ * grow's reclaim_for_self does).  Returns the segment still recalled. */
+static uint32_t leave_a_timed_out_recall(void)
+{
+    ema__pool_t *l = &side[L].pool;
+    int withheld = -1;
+    uint32_t old = NSEGS;
+
+    borrow_all_of_l();
+    recall_answer = ANSWER_NOTHING;
+    ck_assert_int_eq(reclaim(1, 50, &withheld), EMA_ERR_TIMEOUT);
+    ck_assert_int_eq(atomic_load(&l->recall_pending), 1);
+    pthread_mutex_lock(&l->lock);
+    l->withheld = 0;
+    for (uint32_t s = 0; s < NSEGS; s++) {
+        old = l->recalling[s] ? s : old;
+    }
+    pthread_mutex_unlock(&l->lock);
+    ck_assert_uint_lt(old, NSEGS);
+    return old;
+}
+
+/* A later reclaim that needs nothing recalled, since enough is free, does
+ * not wait for that old recall (session 14: it waited its whole timeout,
+ * and every grow that reclaims waited EMA_RECLAIM_TIMEOUT). */
 EMA_TEST("loopback", test_timed_out_recall_does_not_hold_a_later_reclaim)
 {
     ema__pool_t *l = &side[L].pool;
     int withheld = -1;
 
-    borrow_all_of_l();              /* all of L's segments lent to B */
-    recall_answer = ANSWER_NOTHING; /* B holds them: the recall parks */
-    ck_assert_int_eq(reclaim(1, 50, &withheld), EMA_ERR_TIMEOUT);
-    ck_assert_int_eq(atomic_load(&l->recall_pending), 1);
-    pthread_mutex_lock(&l->lock); /* as a grow's reclaim_for_self: withheld no more */
-    l->withheld -= 1;
-    pthread_mutex_unlock(&l->lock);
+    leave_a_timed_out_recall();
     /* B gives back 2 other segments, not recalled: L has 2 free */
     ema__loc_t locs[2] = {EMA_LOC(L, EMA_TIER_DEVICE, NSEGS - 2),
                           EMA_LOC(L, EMA_TIER_DEVICE, NSEGS - 1)};
@@ -987,29 +1003,17 @@ EMA_TEST("loopback", test_timed_out_recall_does_not_hold_a_later_reclaim)
 }
 END_TEST
 
-/* The refusal of an earlier, timed-out recall arriving during a later
- * reclaim whose own recall is given back does not fail the later one. */
+/* The refusal of that old recall, arriving during a later reclaim whose
+ * own recall is given back, does not fail the later one. */
 EMA_TEST("loopback", test_an_earlier_recalls_refusal_does_not_fail_a_later_reclaim)
 {
-    ema__pool_t *l = &side[L].pool;
     int withheld = -1;
+    uint32_t old = leave_a_timed_out_recall();
 
-    borrow_all_of_l();
-    recall_answer = ANSWER_NOTHING;
-    ck_assert_int_eq(reclaim(1, 50, &withheld), EMA_ERR_TIMEOUT); /* one segment recalling */
-    pthread_mutex_lock(&l->lock);
-    l->withheld = 0;
-    pthread_mutex_unlock(&l->lock);
-    uint32_t old = 0;
-    for (uint32_t s = 0; s < NSEGS; s++) {
-        if (l->recalling[s]) {
-            old = s;
-        }
-    }
     send_raw(B, L, EMA_POOL_MSG_REFUSE, 1, &old, 1, 0); /* queued: the old one's answer */
     recall_answer = ANSWER_GIVEBACK;
     ck_assert_int_eq(reclaim(1, 2000, &withheld), EMA_SUCCESS);
-    ck_assert_uint_ge(ema__seg_pool_nfree(&l->arena->pool), 1);
+    ck_assert_uint_ge(ema__seg_pool_nfree(&side[L].pool.arena->pool), 1);
 }
 END_TEST
 

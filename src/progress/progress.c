@@ -168,17 +168,19 @@ ema_status_t ema__progress_start(ema__progress_t *pg, ema__xport_t *xp)
         return EMA_ERR_NO_RESOURCE;
     }
     pg->running = 1;
-    /* mpirun binds each of 2 ranks to one core by default (Open MPI): the
-     * progress thread then runs only in the application's time slices, and
-     * a recall it must serve waits for them.  On the H200, under mpirun
-     * --bind-to core, ema_perf's 1 GiB reclaims took 6 times as long
-     * (0.13x a copy's speed against 0.85x; doc/performance.md, session 13).
-     * A world of one has no peer to recall anything. */
-    if (xp->size > 1 && xp->cpus == 1) {
+    /* mpirun binds each of 1 or 2 ranks to one core by default (Open MPI):
+     * the progress thread then runs only in the application's time slices,
+     * and what it serves waits for them: a peer's recall, and a world of
+     * one's migrations and prefetch policy too.  On the H200, under mpirun
+     * --bind-to core, ema_perf's 1 GiB reclaims took 6 times as long (0.13x
+     * a copy's speed against 0.85x; doc/performance.md, session 13), and
+     * bench/layers' policy, one rank, fell from 0.96x all-local to 0.53x
+     * (session 15). */
+    if (xp->cpus == 1) {
         ema_warn("this rank may run on one CPU only (its affinity mask or CPU quota), which "
-                 "its progress thread shares with the application: recalls and migrations "
-                 "wait for the application's time slices; give each rank 2 CPUs or more "
-                 "(mpirun --bind-to none, or --map-by slot:PE=2)");
+                 "its progress thread shares with the application: recalls, migrations and "
+                 "the prefetch policy wait for the application's time slices; give each "
+                 "rank 2 CPUs or more (mpirun --bind-to none, or --map-by slot:PE=2)");
     }
     return EMA_SUCCESS;
 }

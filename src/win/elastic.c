@@ -128,10 +128,11 @@ out:
 }
 
 /* Segments of [first, last] of the own part that are not at home: spilled
- * ones first, then borrowed ones, held ones left out.  Called with
- * win->lock held; returns how many, in @idx. */
-static uint32_t ema_win_away(ema_win_h win, uint32_t first, uint32_t last, uint32_t *idx)
-    EMA_REQUIRES(win->lock)
+ * ones first, then borrowed ones, held ones left out, and with @told only
+ * those marked in told[i - first] (the ones the owner heard of).  Called
+ * with win->lock held; returns how many, in @idx. */
+static uint32_t ema_win_away(ema_win_h win, uint32_t first, uint32_t last, const uint8_t *told,
+                             uint32_t *idx) EMA_REQUIRES(win->lock)
 {
     EMA_WIN_ASSERT_LOCKED(win);
     ema__win_part_t *part = &win->parts[win->ctx->rank];
@@ -142,7 +143,8 @@ static uint32_t ema_win_away(ema_win_h win, uint32_t first, uint32_t last, uint3
             ema__loc_t l = atomic_load(&part->loc[i]) & ~EMA_LOC_MOVING;
             int spilled  = EMA_LOC_TIER(l) == EMA_TIER_SPILL;
             int borrowed = !spilled && EMA_LOC_RANK(l) != win->ctx->rank;
-            if ((pass == 0 ? spilled : borrowed) && atomic_load(&win->held[i]) == 0) {
+            if ((pass == 0 ? spilled : borrowed) && atomic_load(&win->held[i]) == 0 &&
+                (told == NULL || told[i - first])) {
                 idx[n++] = i;
             }
         }
@@ -155,14 +157,21 @@ static uint32_t ema_win_away(ema_win_h win, uint32_t first, uint32_t last, uint3
  * memory, as one migration batch: spilled ones first, then borrowed ones,
  * as far as there is room (nothing is reclaimed or evicted for it).
  * Segments held with ema_win_acquire stay where they are.  The owner's
- * reclaim callback hears of the ranges first, without the window's lock.
- * Used by shrink and prefetch; takes win->lock itself.
+ * reclaim callback hears of the ranges first, without the window's lock;
+ * then only those may move (the second look under the lock keeps the told
+ * ones that are still away and unheld), as the policy's job does with
+ * MARK_NOTIFIED (policy.c): the window may change while the callback runs
+ * (a held segment released, by the callback itself or another thread, or
+ * more memory free), and a segment nobody told the owner of must not move.
+ * Without a callback the lock is held throughout.  Used by shrink and
+ * prefetch; takes win->lock itself.
  */
 static void ema_win_bring_home(ema_win_h win, uint32_t first, uint32_t last)
 {
     ema__win_ctx_t *ctx   = win->ctx;
     ema__win_part_t *part = &win->parts[ctx->rank];
     uint32_t *idx = NULL, n = 0;
+    uint8_t *told = NULL;
     ema__loc_t *locs = NULL;
     int64_t *hdls = NULL;
 
@@ -176,28 +185,33 @@ static void ema_win_bring_home(ema_win_h win, uint32_t first, uint32_t last)
     last = (last < ns) ? last : ns - 1;
     uint32_t want = last - first + 1;
     idx  = calloc(want, sizeof(*idx));
+    told = calloc(want, 1);
     locs = calloc(want, sizeof(*locs));
     hdls = calloc(want, sizeof(*hdls));
-    if (idx == NULL || locs == NULL || hdls == NULL) {
+    if (idx == NULL || told == NULL || locs == NULL || hdls == NULL) {
         ema__win_unlock(win);
         goto out;
     }
     ema_reclaim_cb cb = win->reclaim_cb;
     void *cb_arg      = win->reclaim_arg;
-    uint32_t nfree    = ema__seg_pool_nfree(&ctx->tier[EMA_TIER_DEVICE]->pool);
-    n = ema_win_away(win, first, last, idx);
-    ema__win_unlock(win);
-    if (n == 0) {
-        goto out;
-    }
-    if (cb != NULL) {
+    n = ema_win_away(win, first, last, NULL, idx);
+    if (n > 0 && cb != NULL) {
         /* those that may move: the first that fit in free memory */
-        ema__win_notify(win, cb, cb_arg, idx, (n < nfree) ? n : nfree);
+        uint32_t nfree = ema__seg_pool_nfree(&ctx->tier[EMA_TIER_DEVICE]->pool);
+        n = (n < nfree) ? n : nfree;
+        for (uint32_t i = 0; i < n; i++) {
+            told[idx[i] - first] = 1;
+        }
+        ema__win_unlock(win);
+        if (n == 0) {
+            goto out;
+        }
+        ema__win_notify(win, cb, cb_arg, idx, n);
+        ema__win_lock(win);
+        ns = atomic_load(&part->nsegs);
+        n  = (first < ns) ? ema_win_away(win, first, (last < ns) ? last : ns - 1, told, idx)
+                          : 0;
     }
-
-    ema__win_lock(win);
-    ns = atomic_load(&part->nsegs);
-    n  = (first < ns) ? ema_win_away(win, first, (last < ns) ? last : ns - 1, idx) : 0;
     if (n > 0) {
         /* the first got of the list (spilled first) move */
         uint32_t got = ctx->mem_ops->acquire(ctx->mem_arg, n, -1, EMA_WIN_FROM_LOCAL, locs, hdls);
@@ -209,6 +223,7 @@ static void ema_win_bring_home(ema_win_h win, uint32_t first, uint32_t last)
     ema__win_unlock(win);
 out:
     free(idx);
+    free(told);
     free(locs);
     free(hdls);
 }

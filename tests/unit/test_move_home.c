@@ -1,0 +1,183 @@
+/*
+ * Moves home (ema_win_prefetch, ema_win_shrink: ema_win_bring_home in
+ * src/win/elastic.c) in a world of one: what moves is what the owner's
+ * reclaim callback heard of, and no more (ema_win_set_reclaim_cb(3)).  The
+ * callback runs without the window's lock, so the window may change while
+ * it runs: here the callback itself releases a held segment, which the move
+ * must then leave where it is (it was never named), as a shrink or a
+ * prefetch leaves any held segment.  Without a progress thread
+ * (EMA_PROGRESS_THREAD=n) a prefetch runs inside ema_progress(), so each
+ * step is deterministic.
+ */
+#include <ema.h>
+
+#include "check_main.h"
+
+#include <check.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define SEG   ((size_t)64 * 1024)
+#define NSEG  8
+#define WSIZE (NSEG * SEG)
+
+/* ranges the reclaim callback heard of; the first call releases @release */
+static struct {
+    size_t    off[64], len[64];
+    int       n;
+    ema_win_h win;
+    size_t    release; /* offset of a held segment to release, or SIZE_MAX */
+} heard;
+
+static void release_cb(ema_win_h w, size_t o, size_t l, void *a)
+{
+    (void)a;
+    if (heard.n < 64) {
+        heard.off[heard.n] = o;
+        heard.len[heard.n] = l;
+        heard.n++;
+    }
+    if (heard.release != SIZE_MAX) {
+        /* allowed from the callback (ema_win_set_reclaim_cb(3)) */
+        ck_assert_int_eq(ema_win_release(w, heard.release, SEG), EMA_SUCCESS);
+        heard.release = SIZE_MAX;
+    }
+}
+
+static int heard_overlaps(size_t off, size_t len)
+{
+    for (int i = 0; i < heard.n; i++) {
+        if (heard.off[i] < off + len && off < heard.off[i] + heard.len[i]) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+static uint8_t pat(size_t i) { return (uint8_t)(i * 31u + 5u); }
+
+static void assert_pattern(const uint8_t *base, size_t len)
+{
+    for (size_t i = 0; i < len; i++) {
+        if (base[i] != pat(i)) {
+            ck_abort_msg("window byte %zu changed: %#x, pattern %#x", i, base[i], pat(i));
+        }
+    }
+}
+
+static void drain(void)
+{
+    for (int i = 0; i < 1000 && ema_progress() == EMA_SUCCESS; i++) {
+    }
+}
+
+static ema_win_stat_t wstat(ema_win_h w)
+{
+    ema_win_stat_t ws;
+    ck_assert_int_eq(ema_win_stat(w, &ws), EMA_SUCCESS);
+    return ws;
+}
+
+/* A world of one with 8 segments of memory and a window of 8, the first 4
+ * local and the last 4 in the spill tier, with the pattern; the other 4
+ * segments of memory free again.  (The grow spills because ema_reclaim
+ * withholds the free memory meanwhile.) */
+static ema_win_h start(uint8_t **base_p)
+{
+    ema_win_params_t p = {.field_mask = EMA_WIN_PARAM_FIELD_MAX_SIZE, .max_size = WSIZE};
+    void *b;
+    ema_win_h w;
+
+    setenv("EMA_DEVICE_MEMORY", "512K", 1);
+    setenv("EMA_SEGMENT_SIZE", "64K", 1);
+    setenv("EMA_SPILL", "host", 1);
+    setenv("EMA_SPILL_SIZE", "8M", 1);
+    setenv("EMA_LEND_RESERVE", "0", 1);
+    setenv("EMA_PROGRESS_THREAD", "n", 1);
+    setenv("EMA_LOG_LEVEL", "error", 1);
+    ck_assert_int_eq(ema_init(NULL), EMA_SUCCESS);
+    ck_assert_int_eq(ema_win_allocate(4 * SEG, &p, &b, &w), EMA_SUCCESS);
+    ck_assert_int_eq(ema_reclaim(4 * SEG, 1000), EMA_SUCCESS);
+    ck_assert_int_eq(ema_win_grow(w, WSIZE), EMA_SUCCESS);
+    ck_assert_int_eq(ema_reclaim_release(4 * SEG), EMA_SUCCESS);
+    for (size_t i = 0; i < WSIZE; i++) {
+        ((uint8_t *)b)[i] = pat(i);
+    }
+    ema_win_stat_t ws = wstat(w);
+    ck_assert_uint_eq(ws.bytes_local, 4 * SEG);
+    ck_assert_uint_eq(ws.bytes_spilled, 4 * SEG);
+    memset(&heard, 0, sizeof(heard));
+    heard.win     = w;
+    heard.release = SIZE_MAX;
+    *base_p       = b;
+    return w;
+}
+
+/* Segment 5 (spilled) is held when the prefetch starts; the callback,
+ * told of 4, 6 and 7, releases it.  It must stay spilled, unnamed: only
+ * the named ranges may move.  A second prefetch names it and brings it. */
+EMA_TEST("home", test_prefetch_moves_only_what_the_callback_heard_of)
+{
+    uint8_t *base;
+    ema_win_h w = start(&base);
+
+    ck_assert_int_eq(ema_win_set_reclaim_cb(w, release_cb, NULL), EMA_SUCCESS);
+    ck_assert_int_eq(ema_win_acquire(w, 5 * SEG, SEG), EMA_SUCCESS);
+    heard.release = 5 * SEG;
+    ck_assert_int_eq(ema_win_prefetch(w, 0, WSIZE), EMA_SUCCESS);
+    drain();
+    ck_assert_msg(heard.release == SIZE_MAX, "the reclaim callback never ran");
+    ck_assert(heard_overlaps(4 * SEG, SEG) && heard_overlaps(6 * SEG, 2 * SEG));
+    ck_assert(!heard_overlaps(5 * SEG, SEG));
+    ema_win_stat_t ws = wstat(w);
+    ck_assert_msg(ws.bytes_spilled == SEG && ws.bytes_local == 7 * SEG,
+                  "%zu bytes local, %zu spilled: a segment the callback never heard of "
+                  "moved (held when it was told, released by the callback)", ws.bytes_local,
+                  ws.bytes_spilled);
+    assert_pattern(base, WSIZE);
+
+    /* released: a prefetch again names it, and brings it home */
+    heard.n = 0;
+    ck_assert_int_eq(ema_win_prefetch(w, 0, WSIZE), EMA_SUCCESS);
+    drain();
+    ck_assert(heard_overlaps(5 * SEG, SEG));
+    ws = wstat(w);
+    ck_assert_uint_eq(ws.bytes_local, WSIZE);
+    assert_pattern(base, WSIZE);
+    ck_assert_int_eq(ema_win_free(w), EMA_SUCCESS);
+    ck_assert_int_eq(ema_finalize(), EMA_SUCCESS);
+}
+END_TEST
+
+/* The same for a shrink, whose kept segments come home on the caller's
+ * thread: segments 4 and 5 kept, 5 held and released by the callback. */
+EMA_TEST("home", test_shrink_moves_home_only_what_the_callback_heard_of)
+{
+    uint8_t *base;
+    ema_win_h w = start(&base);
+
+    ck_assert_int_eq(ema_win_set_reclaim_cb(w, release_cb, NULL), EMA_SUCCESS);
+    ck_assert_int_eq(ema_win_acquire(w, 5 * SEG, SEG), EMA_SUCCESS);
+    heard.release = 5 * SEG;
+    ck_assert_int_eq(ema_win_shrink(w, 6 * SEG), EMA_SUCCESS);
+    ck_assert_msg(heard.release == SIZE_MAX, "the reclaim callback never ran");
+    ck_assert(heard_overlaps(4 * SEG, SEG));
+    ck_assert(!heard_overlaps(5 * SEG, SEG));
+    ema_win_stat_t ws = wstat(w);
+    ck_assert_msg(ws.bytes_spilled == SEG && ws.bytes_local == 5 * SEG,
+                  "%zu bytes local, %zu spilled: a segment the callback never heard of "
+                  "moved (held when it was told, released by the callback)", ws.bytes_local,
+                  ws.bytes_spilled);
+    assert_pattern(base, 6 * SEG);
+    ck_assert_int_eq(ema_win_free(w), EMA_SUCCESS);
+    ck_assert_int_eq(ema_finalize(), EMA_SUCCESS);
+}
+END_TEST
+
+int main(void)
+{
+    ema_check_world_of_one();
+    ema_check_tcase_options("home", 30, NULL, NULL);
+    return ema_check_main("move_home", CK_ENV);
+}

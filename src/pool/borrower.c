@@ -518,14 +518,16 @@ void ema__pool_recall_job(void *arg)
             found[k] = 2;
         }
     }
-    ema__win_recall(pool->win, job->src, job->segs, n, job->notified, found, held, refuse,
+    ema__win_recall(pool->win, job->src, job->segs, n, job->told, found, held, refuse,
                     &nrefuse);
     for (uint32_t k = 0; k < n; k++) {
         if (found[k] == 2 || held[k]) {
             /* granted to a grow or a migration of ours that had not mapped
-             * it yet: look again once it has; held: after a release */
+             * it yet: look again once it has (the owner hears of it then:
+             * told[k] is still 0); held: after a release (heard of already) */
             granted |= (found[k] == 2);
             nheld += held[k];
+            job->told[retry]   = job->told[k];
             job->segs[retry++] = job->segs[k];
         } else if (!found[k]) {
             /* not ours any more: given back already, or on its way */
@@ -551,8 +553,7 @@ out:
     free(held);
     free(refuse);
     if (retry > 0) {
-        job->msg.count = retry;
-        job->notified  = 1; /* the owner heard of them once */
+        job->msg.count = retry; /* told[] as left: the owner hears of each once */
         if (granted) {
             ema__xport_defer(pool->xp, EMA_JOB_LONG, ema__pool_recall_job, job);
         } else {

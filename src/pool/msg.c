@@ -130,7 +130,7 @@ void ema__pool_dispatch(void *arg, int src, const void *data, size_t len)
                 return;
             }
         }
-        ema_pool_job_t *job = malloc(sizeof(*job) + n * sizeof(uint32_t));
+        ema_pool_job_t *job = calloc(1, sizeof(*job) + n * (sizeof(uint32_t) + 1));
         if (job == NULL) {
             ema_error("out of memory handling a pool message from rank %d", src);
             return;
@@ -138,7 +138,7 @@ void ema__pool_dispatch(void *arg, int src, const void *data, size_t len)
         job->pool     = pool;
         job->next     = NULL;
         job->src      = src;
-        job->notified = 0;
+        job->told     = (uint8_t *)(job->segs + n); /* none yet (calloc) */
         job->msg      = m;
         memcpy(job->segs, payload, n * sizeof(uint32_t));
         if (m.type == EMA_POOL_MSG_BORROW) {

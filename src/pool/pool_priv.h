@@ -50,7 +50,8 @@ typedef struct ema_pool_job {
     ema__pool_t         *pool;
     struct ema_pool_job *next;     /* parked: see ema_pool_park */
     int                  src;
-    int                  notified; /* RECALL: the owner's callback has run */
+    uint8_t             *told;     /* RECALL: [msg.count], the owner's callback heard of
+                                      segs[k] (in the same allocation, after segs) */
     ema_pool_msg_t       msg;
     uint32_t             segs[];
 } ema_pool_job_t;

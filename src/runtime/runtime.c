@@ -52,6 +52,10 @@ const ema_config_field_t ema__runtime_config_table[] = {
      "testing only: microseconds each rank sleeps inside ema_win_allocate after the exchange, "
      "before the new window is known to it (widens a race for the regression tests)",
      EMA_RT_CFG(debug_link_delay), &ema__config_uint},
+    {"DEBUG_GROW_MAP_DELAY", "0",
+     "testing only: microseconds ema_win_grow sleeps after it found its memory (borrowed "
+     "segments granted), before it maps it (widens a race for the regression tests)",
+     EMA_RT_CFG(debug_grow_delay), &ema__config_uint},
     {"LOG_LEVEL", "warn", "log level: error, warn, info, debug or trace",
      EMA_RT_CFG(log_level), &ema_level_parser},
     EMA_CONFIG_TABLE_END};
@@ -509,6 +513,7 @@ EMA_EXPORT ema_status_t ema_init(const ema_init_params_t *params)
     w->win.migrate_alias = w->cfg.migrate_alias;
     w->win.cpath.cfg = w->cfg.cuda_path;
     w->win.debug_link_delay_us = w->cfg.debug_link_delay;
+    w->win.debug_grow_delay_us = w->cfg.debug_grow_delay;
     status = runtime_modex(w);
     if (status != EMA_SUCCESS) {
         goto err_win;

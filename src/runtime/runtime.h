@@ -43,6 +43,7 @@ typedef struct ema__runtime_config {
     int    host_direct;   /* host: put/get as loads and stores on mapped peers */
     int    migrate_alias; /* migrations read old memory outside the window */
     unsigned debug_link_delay; /* tests: us before a new window is made known */
+    unsigned debug_grow_delay; /* tests: us between a grow's memory and its map */
     int    log_level;
 } ema__runtime_config_t;
 

@@ -13,6 +13,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static int ema_win_no_prefetch(void *arg)
 {
@@ -94,6 +95,9 @@ EMA_EXPORT ema_status_t ema_win_grow(ema_win_h win, size_t new_size)
         goto err_release;
     }
 
+    if (ctx->debug_grow_delay_us > 0) {
+        usleep(ctx->debug_grow_delay_us); /* EMA_DEBUG_GROW_MAP_DELAY: tests only */
+    }
     ema__win_lock(win);
     if (atomic_load(&part->nsegs) != cur) {
         /* another thread grew or shrank meanwhile: calls on one window's

@@ -391,11 +391,12 @@ void ema__win_notify(ema_win_h win, ema_reclaim_cb cb, void *cb_arg, const uint3
 }
 
 /* Indices of the segments of @win's own part that live in @src's memory
- * and are among @segs[0..n) not yet @found (then marked found 1 if @mark).
- * Called with win->lock held. */
+ * and are among @segs[0..n) not yet @found.  With @to_move, the ones to
+ * move, marked found (1); else the ones the owner has not heard of
+ * (@told[k] 0), marked told.  Called with win->lock held. */
 static uint32_t ema_win_recall_collect(ema_win_h win, int src, const uint32_t *segs,
-                                       uint32_t n, uint8_t *found,
-                                        int mark, uint32_t *idx)
+                                       uint32_t n, uint8_t *found, uint8_t *told,
+                                       int to_move, uint32_t *idx)
     EMA_REQUIRES(win->lock)
 {
     EMA_WIN_ASSERT_LOCKED(win);
@@ -409,8 +410,13 @@ static uint32_t ema_win_recall_collect(ema_win_h win, int src, const uint32_t *s
         }
         for (uint32_t k = 0; k < n; k++) {
             if (!found[k] && segs[k] == EMA_LOC_SEG(l)) {
-                found[k] = mark ? 1 : 0;
-                idx[m++] = i;
+                if (to_move) {
+                    found[k] = 1;
+                    idx[m++] = i;
+                } else if (!told[k]) {
+                    told[k]  = 1;
+                    idx[m++] = i;
+                }
                 break;
             }
         }
@@ -421,15 +427,19 @@ static uint32_t ema_win_recall_collect(ema_win_h win, int src, const uint32_t *s
 
 /*
  * A lender (@src) wants segments @segs[0..n) back: in every window, tell the
- * owner (its reclaim callback, unless @notified), then move the recalled
- * segments of its part elsewhere (never to @src).  @found[k] (in/out): 0
- * not seen, 1 found in a window here, left as is if nonzero on entry.  Out:
- * @held[k] set for a segment that stays because it is held; @refuse gets
- * the segments that had nowhere to go (*@nrefuse_p of them), which the
+ * owner (its reclaim callback) of those it has not heard of, then move the
+ * recalled segments of its part elsewhere (never to @src).  @told[k]
+ * (in/out): the owner's callback heard of segs[k], by this recall, before;
+ * a segment moves only once told, or where the window has no callback when
+ * it moves (so a segment that a recall found granted and not yet mapped,
+ * and looks at again once mapped, is told of then).  @found[k] (in/out): 0
+ * not seen, 1 found in a window here, left as is if nonzero on entry.
+ * Out: @held[k] set for a segment that stays because it is held; @refuse
+ * gets the segments that had nowhere to go (*@nrefuse_p of them), which the
  * window also counts as wanted (bytes_wanted).
  */
 void ema__win_recall(ema__win_ctx_t *ctx, int src, const uint32_t *segs, uint32_t n,
-                     int notified, uint8_t *found, uint8_t *held, uint32_t *refuse,
+                     uint8_t *told, uint8_t *found, uint8_t *held, uint32_t *refuse,
                      uint32_t *nrefuse_p)
 {
     uint32_t *idx  = calloc(n ? n : 1, sizeof(*idx));
@@ -445,21 +455,28 @@ void ema__win_recall(ema__win_ctx_t *ctx, int src, const uint32_t *segs, uint32_
     for (ema_win_h win = ema__win_list_next(ctx, NULL); win != NULL;
          win = ema__win_list_next(ctx, win)) {
         uint32_t m = 0;
-        if (!notified) {
-            /* the owner hears first, and may release what it held */
-            ema__win_lock(win);
+        ema__win_lock(win);
+        /* The owner hears first, and may release what it held.  Looked at
+         * again after each callback, since the window may have changed
+         * while it ran without the lock (a segment granted to a grow,
+         * mapped meanwhile): the move below, under this same hold of the
+         * lock, finds only segments the owner heard of (or, with no
+         * callback, had nothing to hear with).  Each pass tells of one
+         * segment more at least, so the loop ends. */
+        while (win->magic == EMA_WIN_MAGIC && win->reclaim_cb != NULL) {
             ema_reclaim_cb cb = win->reclaim_cb;
             void *cb_arg      = win->reclaim_arg;
-            if (win->magic == EMA_WIN_MAGIC && cb != NULL) {
-                m = ema_win_recall_collect(win, src, segs, n, found, 0, idx);
+            m = ema_win_recall_collect(win, src, segs, n, found, told, 0, idx);
+            if (m == 0) {
+                break;
             }
             ema__win_unlock(win);
             ema__win_notify(win, cb, cb_arg, idx, m);
+            ema__win_lock(win);
         }
-        ema__win_lock(win);
         if (win->magic == EMA_WIN_MAGIC) {
             ema__win_part_t *part = &win->parts[ctx->rank];
-            m = ema_win_recall_collect(win, src, segs, n, found, 1, idx);
+            m = ema_win_recall_collect(win, src, segs, n, found, told, 1, idx);
             if (m > 0) {
                 /* the move gives the old segments back */
                 memcpy(idx2, idx, m * sizeof(*idx));

@@ -236,6 +236,7 @@ typedef struct ema__win_ctx {
     void              *mem_arg;
     _Atomic uint64_t   bytes_migrated; /* moved by ema__win_move, all windows */
     unsigned           debug_link_delay_us; /* EMA_DEBUG_WIN_LINK_DELAY */
+    unsigned           debug_grow_delay_us; /* EMA_DEBUG_GROW_MAP_DELAY */
     ema__win_cpath_t   cpath;   /* the cuda kind's direct path */
     /* Recall jobs queued or running (not parked), counted by the pool
      * (ema__win_recall_begin/_end): prefetch policies yield to them, and
@@ -625,9 +626,10 @@ ema_status_t ema__win_move(ema_win_h win, uint32_t *idx, uint32_t n, int exclude
 void         ema__win_notify(ema_win_h win, ema_reclaim_cb cb, void *cb_arg,
                              const uint32_t *idx, uint32_t n) EMA_EXCLUDES(win->lock);
 /* A lender's recall of @segs[0..n) of rank @src, in every window (see
- * win/migrate.c).  Takes each window's lock itself: called with none held. */
+ * win/migrate.c); @told[k]: the owner's callback heard of segs[k] (in/out).
+ * Takes each window's lock itself: called with none held. */
 void         ema__win_recall(ema__win_ctx_t *ctx, int src, const uint32_t *segs, uint32_t n,
-                             int notified, uint8_t *found, uint8_t *held, uint32_t *refuse,
+                             uint8_t *told, uint8_t *found, uint8_t *held, uint32_t *refuse,
                              uint32_t *nrefuse_p);
 /* The bytes of @win's own part that lenders asked back and that are still
  * there (ema_win_stat's bytes_wanted); forgets the segments wanted back

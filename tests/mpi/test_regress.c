@@ -31,6 +31,14 @@
  *         the main thread inside ema_win_acquire (a self-deadlock), and an
  *         acquire must not wait out its 1 s bound for a recall whose
  *         callback waits for that mutex (both happened in e61948b).
+ *   test_regress granted      (EMA_DEBUG_GROW_MAP_DELAY on rank 0 only, the progress thread)
+ *       test_recall_of_granted_segments_tells_the_owner_before_they_move
+ *         rank 0's grow borrows two segments of rank 1 (the only rank with
+ *         free memory) and waits 1.5 s before it maps them; rank 1
+ *         reclaims them meanwhile.  The recall waits for
+ *         the map, then moves them: the reclaim callback must hear of them
+ *         first, as of any recalled range (it used to be skipped: the
+ *         recall counted as told once it had looked, before the map).
  *   test_regress race [SECONDS] (default 20)
  *       test_moves_racing_third_rank_reads_lose_no_byte
  *         rounds of a freshly allocated window that rank 0 grows, prefetches,
@@ -656,6 +664,100 @@ static void test_acquire_never_runs_or_waits_behind_a_callback(void)
     pthread_mutex_destroy(&cb_mu);
 }
 
+/* ------------------------------------------------------------------------ */
+
+/* The reclaim callback of rank 0's window: the bytes it heard of, and the
+ * bytes borrowed when it first ran (the range had not moved yet). */
+static atomic_int    gr_calls;
+static atomic_size_t gr_bytes;
+static size_t        gr_borrowed_first = SIZE_MAX;
+
+static void granted_cb(ema_win_h win, size_t offset, size_t len, void *arg)
+{
+    ema_win_stat_t ws;
+    (void)offset;
+    (void)arg;
+    if (atomic_fetch_add(&gr_calls, 1) == 0 && ema_win_stat(win, &ws) == EMA_SUCCESS) {
+        gr_borrowed_first = ws.bytes_borrowed;
+    }
+    atomic_fetch_add(&gr_bytes, len);
+}
+
+static void test_recall_of_granted_segments_tells_the_owner_before_they_move(void)
+{
+    ema_mem_stat_t m = {0};
+    ema_win_h ballast, win;
+    void *bb, *wb;
+    size_t size = 2 * SEG;
+    ema_win_params_t wp = {.field_mask = EMA_WIN_PARAM_FIELD_MAX_SIZE, .max_size = size};
+
+    ema_test_begin("test_recall_of_granted_segments_tells_the_owner_before_they_move");
+    T_OK(ema_mem_stat(&m));
+    /* every rank's memory but rank 1's is all ballast: rank 0's grow
+     * borrows from rank 1, and the recall moves the data to the spill tier
+     * (no other rank lends, so none sees a lent segment but rank 1) */
+    T_OK(ema_win_allocate(ema_t_rank != 1 ? m.bytes_free : 0, NULL, &bb, &ballast));
+    T_OK(ema_win_allocate(0, &wp, &wb, &win));
+    if (ema_t_rank == 0) {
+        T_OK(ema_win_set_reclaim_cb(win, granted_cb, NULL));
+    }
+    T_OK(ema_barrier());
+    if (ema_t_rank == 0) {
+        /* EMA_DEBUG_GROW_MAP_DELAY: granted, then 1.5 s before the map */
+        double t0 = t_now();
+        T_OK(ema_win_grow(win, size));
+        T_EXPECT(t_now() - t0 > 1.0, "the grow took %.2f s: EMA_DEBUG_GROW_MAP_DELAY not set",
+                 t_now() - t0);
+    } else if (ema_t_rank == 1) {
+        /* the lender sees its segments lent, and reclaims them at once,
+         * while rank 0 has them granted and not mapped */
+        double t0 = t_now();
+        do {
+            memset(&m, 0, sizeof(m));
+            T_OK(ema_mem_stat(&m));
+        } while (m.bytes_lent == 0 && t_now() - t0 < 1.0);
+        T_EXPECT(m.bytes_lent == size, "rank 1 lends %zu bytes 1 s into rank 0's grow, not "
+                 "%zu", m.bytes_lent, size);
+        if (m.bytes_lent > 0) {
+            t0 = t_now();
+            T_STATUS(ema_reclaim(m.bytes_free + m.bytes_lent, 10000), EMA_SUCCESS);
+            double dt = t_now() - t0;
+            printf("# rank %d: reclaim of %zu lent bytes took %.0f ms\n", ema_t_rank,
+                   m.bytes_lent, dt * 1e3);
+            /* not the intended setup unless the recall came before the map */
+            T_EXPECT(dt > 0.5, "the reclaim took %.0f ms: it did not wait for the map",
+                     dt * 1e3);
+            memset(&m, 0, sizeof(m));
+            T_OK(ema_mem_stat(&m));
+            T_EXPECT(m.bytes_lent == 0, "rank %d still lends %zu bytes", ema_t_rank,
+                     m.bytes_lent);
+            if (m.bytes_withheld > 0) {
+                T_OK(ema_reclaim_release(m.bytes_withheld));
+            }
+        }
+    }
+    T_OK(ema_barrier());
+    if (ema_t_rank == 0) {
+        ema_win_stat_t ws = {0};
+        T_OK(ema_win_stat(win, &ws));
+        printf("# rank 0: %d callbacks, %zu bytes heard, %zu borrowed at the first; "
+               "%" PRIu64 " segments migrated, %zu bytes spilled\n", atomic_load(&gr_calls),
+               atomic_load(&gr_bytes), gr_borrowed_first, ws.migrations, ws.bytes_spilled);
+        T_EXPECT(ws.migrations == 2 && ws.bytes_spilled == size, "%" PRIu64 " segments "
+                 "migrated, %zu bytes spilled: not the 2 recalled", ws.migrations,
+                 ws.bytes_spilled);
+        T_EXPECT(atomic_load(&gr_bytes) == size, "the reclaim callback heard of %zu bytes of "
+                 "the %zu recalled: the recall moved segments it was granted but had not "
+                 "mapped without telling the owner", atomic_load(&gr_bytes), size);
+        T_EXPECT(gr_borrowed_first == size, "at the callback %zu bytes were borrowed, not "
+                 "%zu: it ran after the move", gr_borrowed_first, size);
+    }
+    fflush(stdout);
+    T_OK(ema_barrier());
+    T_OK(ema_win_free(win));
+    T_OK(ema_win_free(ballast));
+}
+
 int main(int argc, char **argv)
 {
     const char *mode = (argc > 1) ? argv[1] : "";
@@ -671,6 +773,13 @@ int main(int argc, char **argv)
             unsetenv("EMA_DEBUG_WIN_LINK_DELAY");
         }
     }
+    if (strcmp(mode, "granted") == 0) {
+        /* rank 0 is slow to map what its grow borrowed */
+        const char *r = getenv("OMPI_COMM_WORLD_RANK");
+        if (r == NULL || atoi(r) != 0) {
+            unsetenv("EMA_DEBUG_GROW_MAP_DELAY");
+        }
+    }
     ema_test_init("test_regress");
     ctl_setup();
     if (strcmp(mode, "held_noprog") == 0) {
@@ -681,10 +790,13 @@ int main(int argc, char **argv)
         test_window_used_before_every_rank_knows_it();
     } else if (strcmp(mode, "cblock") == 0) {
         test_acquire_never_runs_or_waits_behind_a_callback();
+    } else if (strcmp(mode, "granted") == 0) {
+        test_recall_of_granted_segments_tells_the_owner_before_they_move();
     } else if (strcmp(mode, "race") == 0) {
         test_moves_racing_third_rank_reads_lose_no_byte(argc > 2 ? atof(argv[2]) : 20.0);
     } else {
-        fprintf(stderr, "usage: %s init_retry|held_noprog|order|early|cblock|race\n", argv[0]);
+        fprintf(stderr, "usage: %s init_retry|held_noprog|order|early|cblock|granted|race\n",
+                argv[0]);
         return 2;
     }
     T_OK(ema_barrier());

@@ -296,6 +296,26 @@ static int ema_pool_order(ema__pool_t *pool, int exclude, int *order)
     return n;
 }
 
+/* Up to @want free segments of the own arena that are not withheld, used
+ * by this rank's windows from now on: fills @locs and @handles (@segs is
+ * scratch for @want), returns how many.  Requires pool->lock. */
+static uint32_t ema_pool_take_own_locked(ema__pool_t *pool, uint32_t want, uint32_t *segs,
+                                         ema__loc_t *locs, int64_t *handles)
+{
+    uint32_t nfree = ema__seg_pool_nfree(&pool->arena->pool);
+    uint32_t n     = nfree > pool->withheld ? nfree - pool->withheld : 0;
+
+    n = n < want ? n : want;
+    if (n == 0 || ema__seg_pool_alloc(&pool->arena->pool, n, EMA_SEG_USED, segs) != EMA_SUCCESS) {
+        return 0;
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        locs[i]    = EMA_LOC(pool->rank, EMA_TIER_DEVICE, segs[i]);
+        handles[i] = pool->arena->ops->seg_handle(pool->arena, segs[i]);
+    }
+    return n;
+}
+
 /*
  * Find memory for @want segments: the own arena (free, not withheld), then
  * peers in lender order (never @exclude), then the spill tier.  Fills locs
@@ -317,16 +337,7 @@ static uint32_t ema_pool_acquire(void *arg, uint32_t want, int exclude, unsigned
         goto peers;
     }
     pthread_mutex_lock(&pool->lock);
-    uint32_t nfree = ema__seg_pool_nfree(&pool->arena->pool);
-    n = nfree > pool->withheld ? nfree - pool->withheld : 0;
-    n = n < want ? n : want;
-    if (n > 0 && ema__seg_pool_alloc(&pool->arena->pool, n, EMA_SEG_USED, segs) == EMA_SUCCESS) {
-        for (uint32_t i = 0; i < n; i++) {
-            locs[got]    = EMA_LOC(pool->rank, EMA_TIER_DEVICE, segs[i]);
-            handles[got] = pool->arena->ops->seg_handle(pool->arena, segs[i]);
-            got++;
-        }
-    }
+    got = ema_pool_take_own_locked(pool, want, segs, locs, handles);
     pthread_mutex_unlock(&pool->lock);
 
 peers:
@@ -423,28 +434,39 @@ static void ema_pool_release(void *arg, const ema__loc_t *old, uint32_t n)
     free(done);
 }
 
-/* Implicit reclaim: take back up to @need segments this rank lent out and
- * make them available to its own windows. */
-static void ema_pool_reclaim_for_self(void *arg, uint32_t need)
+/* Implicit reclaim: take back up to @need segments this rank lent out, and
+ * hand what came back to the caller, a grow (@locs, @handles; returns how
+ * many).  The reclaim withholds them until they are the caller's: they stop
+ * being withheld and become used in one hold of pool->lock, so a BORROW
+ * served meanwhile (a quick job, on any thread) cannot lend them away, nor
+ * can a migration of this rank's take them, between the reclaim and the
+ * grow. */
+static uint32_t ema_pool_reclaim_for_self(void *arg, uint32_t need, ema__loc_t *locs,
+                                          int64_t *handles)
 {
     ema__pool_t *pool = arg;
     EMA_WIN_ASSERT_NONE_LOCKED(); /* ema__win_mem_ops_t: without any window lock */
     pthread_mutex_lock(&pool->lock);
     uint32_t lent = pool->arena->pool.nlent;
     pthread_mutex_unlock(&pool->lock);
-    uint32_t n = need < lent ? need : lent;
-    if (n == 0) {
-        return;
+    uint32_t n = need < lent ? need : lent, got;
+    uint32_t *segs = (n > 0) ? malloc(n * sizeof(*segs)) : NULL;
+    if (segs == NULL) {
+        return 0;
     }
     uint64_t timeout_ms = (uint64_t)(pool->cfg.reclaim_timeout * 1e3);
     int withheld;
     ema__pool_reclaim(pool, n, timeout_ms, &withheld);
     if (!withheld) {
-        return;
+        free(segs);
+        return 0;
     }
     pthread_mutex_lock(&pool->lock);
-    pool->withheld -= n; /* what came back is ours to use */
+    pool->withheld -= n; /* what came back is ours to use: taken at once */
+    got = ema_pool_take_own_locked(pool, n, segs, locs, handles);
     pthread_mutex_unlock(&pool->lock);
+    free(segs);
+    return got;
 }
 
 /* Park a recall whose segments are held with ema_win_acquire until the

@@ -83,8 +83,12 @@ EMA_EXPORT ema_status_t ema_win_grow(ema_win_h win, size_t new_size)
     }
     got = ctx->mem_ops->acquire(ctx->mem_arg, want, -1, EMA_WIN_FROM_LOCAL, locs, handles);
     if (got < want) {
-        /* the memory this rank lent comes back first (implicit reclaim) */
-        ctx->mem_ops->reclaim_for_self(ctx->mem_arg, want - got);
+        /* the memory this rank lent comes back first (implicit reclaim),
+         * handed to this grow as it comes free: no peer's borrow takes it */
+        got += ctx->mem_ops->reclaim_for_self(ctx->mem_arg, want - got, locs + got,
+                                              handles + got);
+    }
+    if (got < want) {
         got += ctx->mem_ops->acquire(ctx->mem_arg, want - got, -1, EMA_WIN_FROM_ANY,
                                      locs + got, handles + got);
     }

@@ -148,8 +148,11 @@ typedef struct ema__win_mem_ops {
     /* The acquired @locs[0..n) are now in a window's table. */
     void     (*mapped)(void *arg, const ema__loc_t *locs, uint32_t n);
     /* Take back up to @need segments this rank lent (a grow's implicit
-     * reclaim); called without any window lock. */
-    void     (*reclaim_for_self)(void *arg, uint32_t need);
+     * reclaim), and give the caller what came back, as acquire gives the
+     * own free memory: fills @locs and @handles, returns how many (the
+     * caller maps or releases them).  Called without any window lock. */
+    uint32_t (*reclaim_for_self)(void *arg, uint32_t need, ema__loc_t *locs,
+                                 int64_t *handles);
     /* EMA_WIN_CHANGED_* bits: tell the peers, retry parked recalls. */
     void     (*changed)(void *arg, unsigned what);
 } ema__win_mem_ops_t;

@@ -275,7 +275,9 @@ void ema__win_ctx_cleanup(ema__win_ctx_t *ctx)
         struct ema_win *w = ctx->dead;
         ctx->dead = w->dead_next;
         pthread_mutex_destroy(&w->lock); /* kept alive for ema__win_recall's walk */
-        win_release_parts(ctx, w->parts); /* NULL but after a failed allocation */
+        /* the tables too: a late peer's job may have found the window
+         * before it was unlinked (ema__win_free) */
+        win_release_parts(ctx, w->parts);
         free(w->held);
         free(w);
     }
@@ -651,17 +653,23 @@ ema_status_t ema__win_free(ema__win_ctx_t *ctx, ema_win_h win)
     if (win->base != NULL) {
         arena->ops->unreserve(arena, win->base, win->reserved);
     }
-    ema__win_unlock(win);
-    /* win->lock stays until ema__win_ctx_cleanup: a recall walking the list
-     * may still lock this window, then sees it dead and skips it (locking a
-     * destroyed mutex is undefined). */
-    win_release_parts(ctx, win->parts);
-    free(win->held);
-    free(win->stats.wanted);
+    free(win->stats.wanted); /* the owner's alone, under the lock */
     win->stats.wanted = NULL;
-    win->held  = NULL;
-    win->parts = NULL;
-    win->base  = NULL;
+    win->stats.nwanted = win->stats.wanted_cap = 0;
+    win->base = NULL;
+    ema__win_unlock(win);
+    /* What stays until ema__win_ctx_cleanup, as for an allocation whose
+     * closing barrier failed:
+     * - win->lock: a recall walking the list may still lock this window,
+     *   then sees it dead and skips it (locking a destroyed mutex is
+     *   undefined);
+     * - the tables (parts, held): a peer's recall may move its part after
+     *   the first barrier above, and its INVAL job (the progress thread) or
+     *   UPDATE (a UCX callback) that looked the window up before the
+     *   unlink still marks or writes parts[src].loc.  Once unlinked, a
+     *   lookup finds nothing: a later INVAL is acknowledged, a later
+     *   UPDATE dropped.  Until ema_finalize they cost 8 bytes per segment
+     *   of each part's max_size, and 4 per segment of the own part's. */
     pthread_mutex_lock(&ctx->lock);
     win->dead_next = ctx->dead;
     ctx->dead      = win;

@@ -1,0 +1,342 @@
+/*
+ * A window's own part against its owner's other calls and against its
+ * peer's messages, in a world of two ranks in one process, without PMIx or
+ * UCX (as tests/fuzz builds one): this rank 0, and rank 1, the peer, played
+ * by the test.
+ *
+ * - The transport has no worker; every message this rank sends goes to
+ *   peer_send: a collective's is answered at once with the peer's blob for
+ *   the same collective (its collectives mirror this rank's, so barriers
+ *   complete); a window message is recorded, an INVAL acknowledged at
+ *   once, and a send of the type the test names (fail_type) fails with
+ *   EMA_ERR_TRANSPORT instead.
+ * - The window is built as ema__win_allocate leaves it: an own part of
+ *   OWN_SEGS segments of this rank's arena, mapped in a reserved range
+ *   whose bytes no test touches, and the peer's part of PEER_SEGS of its
+ *   memory.
+ * - The memory provider (ctx->mem_ops) is a stub: it finds nothing, and
+ *   counts what comes back.
+ * - ema__state says ready, so that the public calls run.
+ */
+#include <ema.h>
+
+#include "util/clock.h"
+#include "util/state.h"
+#include "win/coherence.h"
+#include "win/win.h"
+#include "xport/xport.h"
+
+#include "check_main.h"
+
+#include <check.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <string.h>
+#include <time.h>
+
+#define ME        0
+#define PEER      1
+#define NRANKS    2
+#define SEG       ((size_t)64 * 1024)
+#define NSEGS     16u /* each rank's arena */
+#define MAX_SEGS  8u
+#define OWN_SEGS  4u
+#define PEER_SEGS 4u
+#define WIN_ID    3u
+#define D         EMA_TIER_DEVICE
+
+static ema__xport_t xp;
+static ema__mem_arena_t arena;
+static ema__win_ctx_t ctx;
+static struct ema_win *win;
+
+/* --- the peer -------------------------------------------------------------- */
+
+#define MAXSENT 64
+static struct {
+    ema_win_msg_t m;
+    ema__loc_t    locs[MAX_SEGS];
+} sent[MAXSENT];
+static int nsent;
+static uint32_t fail_type; /* a window message of this type fails to send; 0: none */
+
+static ema_status_t peer_send(void *arg, int peer, unsigned id, const void *hdr, size_t hlen,
+                              const void *data, size_t len)
+{
+    char buf[512];
+
+    (void)arg;
+    ck_assert_int_eq(peer, PEER);
+    ck_assert_uint_le(hlen + len, sizeof(buf));
+    if (id == EMA_AM_COLL) {
+        /* the peer's blob for the same collective (its own header) */
+        memcpy(buf, hdr, hlen);
+        if (len > 0) {
+            memcpy(buf + hlen, data, len);
+        }
+        ema__xport_coll_am(&xp, PEER, buf, hlen + len);
+        return EMA_SUCCESS;
+    }
+    ck_assert_uint_eq(id, EMA_AM_WIN);
+    ck_assert_uint_eq(hlen, sizeof(ema_win_msg_t));
+    ema_win_msg_t m;
+    memcpy(&m, hdr, sizeof(m));
+    if (m.type == fail_type) {
+        return EMA_ERR_TRANSPORT;
+    }
+    ck_assert_int_lt(nsent, MAXSENT);
+    sent[nsent].m = m;
+    ck_assert_uint_le(len, sizeof(sent[nsent].locs));
+    if (len > 0) {
+        memcpy(sent[nsent].locs, data, len);
+    }
+    nsent++;
+    if (m.type == EMA_WIN_MSG_INVAL) {
+        ema_win_msg_t ack;
+        memset(&ack, 0, sizeof(ack));
+        ack.type   = EMA_WIN_MSG_ACK;
+        ack.win_id = m.win_id;
+        ack.part   = m.part;
+        ack.token  = m.token;
+        ema__xport_am_dispatch(&xp, EMA_AM_WIN, PEER, &ack, sizeof(ack));
+    }
+    return EMA_SUCCESS;
+}
+
+/* The last window message of @type this rank sent, NULL if none. */
+static const ema_win_msg_t *last_sent(uint32_t type, const ema__loc_t **locs_p)
+{
+    for (int i = nsent - 1; i >= 0; i--) {
+        if (sent[i].m.type == type) {
+            if (locs_p != NULL) {
+                *locs_p = sent[i].locs;
+            }
+            return &sent[i].m;
+        }
+    }
+    return NULL;
+}
+
+/* --- the memory provider ---------------------------------------------------- */
+
+static atomic_uint nreleased;    /* segments given back */
+static atomic_uint nchanged_rel; /* EMA_WIN_CHANGED_RELEASED calls */
+
+static uint32_t stub_acquire(void *arg, uint32_t want, int exclude, unsigned sources,
+                             ema__loc_t *locs, int64_t *handles)
+{
+    (void)arg, (void)want, (void)exclude, (void)sources, (void)locs, (void)handles;
+    return 0;
+}
+
+static void stub_release(void *arg, const ema__loc_t *locs, uint32_t n)
+{
+    (void)arg, (void)locs;
+    atomic_fetch_add(&nreleased, n);
+}
+
+static void stub_mapped(void *arg, const ema__loc_t *locs, uint32_t n)
+{
+    (void)arg, (void)locs, (void)n;
+}
+
+static void stub_reclaim_for_self(void *arg, uint32_t need)
+{
+    (void)arg, (void)need;
+}
+
+static void stub_changed(void *arg, unsigned what)
+{
+    (void)arg;
+    if (what & EMA_WIN_CHANGED_RELEASED) {
+        atomic_fetch_add(&nchanged_rel, 1);
+    }
+}
+
+static const ema__win_mem_ops_t stub_ops = {stub_acquire, stub_release, stub_mapped,
+                                            stub_reclaim_for_self, stub_changed};
+
+/* --- the world -------------------------------------------------------------- */
+
+static void win_up(void)
+{
+    uint32_t segs[OWN_SEGS];
+
+    win = calloc(1, sizeof(*win));
+    ck_assert_ptr_nonnull(win);
+    win->ctx      = &ctx;
+    win->reserved = MAX_SEGS * SEG;
+    win->parts    = calloc(NRANKS, sizeof(*win->parts));
+    win->held     = calloc(MAX_SEGS, sizeof(*win->held));
+    ck_assert(win->parts != NULL && win->held != NULL);
+    pthread_mutex_init(&win->lock, NULL);
+    atomic_init(&win->lock_owner, 0);
+    atomic_init(&win->prefetching, 0);
+    ck_assert_int_eq(arena.ops->reserve(&arena, win->reserved, &win->base), EMA_SUCCESS);
+    ck_assert_int_eq(ema__seg_pool_alloc(&arena.pool, OWN_SEGS, EMA_SEG_USED, segs),
+                     EMA_SUCCESS);
+    for (int r = 0; r < NRANKS; r++) {
+        ema__win_part_t *p = &win->parts[r];
+        uint32_t n = (r == ME) ? OWN_SEGS : PEER_SEGS;
+        p->max_segs = MAX_SEGS;
+        p->loc      = calloc(MAX_SEGS, sizeof(ema__loc_t));
+        ck_assert_ptr_nonnull(p->loc);
+        for (uint32_t i = 0; i < n; i++) {
+            atomic_init(&p->loc[i], EMA_LOC(r, D, (r == ME) ? segs[i] : i));
+        }
+        atomic_init(&p->nsegs, n);
+        atomic_init(&p->size, n * SEG);
+        atomic_init(&p->version, 1);
+    }
+    win->magic = EMA_WIN_MAGIC;
+    win->id    = WIN_ID;
+    ctx.wins   = win;
+}
+
+static void setup(void)
+{
+    memset(&xp, 0, sizeof(xp));
+    xp.rank = ME;
+    xp.size = NRANKS;
+    xp.efd  = -1;
+    ema__xport_sched_init(&xp);
+    xp.idle_mask = 63; /* no worker, no peers' pids: waits only spin */
+    ema__xport_coll_init(&xp);
+    ema__xport_waiters_init(&xp);
+    xp.send_hook = peer_send;
+    ema__xport_set_am_handler(&xp, EMA_AM_COLL, ema__xport_coll_am, &xp);
+
+    memset(&arena, 0, sizeof(arena));
+    arena.ops      = &ema__mem_host_ops;
+    arena.seg_size = SEG;
+    arena.capacity = NSEGS * SEG;
+    arena.fd       = -1;
+    arena.device   = -1;
+    ck_assert_int_eq(ema__seg_pool_init(&arena.pool, NSEGS), EMA_SUCCESS);
+
+    memset(&ctx, 0, sizeof(ctx));
+    ctx.xp       = &xp;
+    ctx.tier[D]  = &arena;
+    ctx.rank     = ME;
+    ctx.size     = NRANKS;
+    ctx.seg_size = SEG;
+    atomic_init(&ctx.inflight[0], 0);
+    atomic_init(&ctx.inflight[1], 0);
+    atomic_init(&ctx.epoch, 0);
+    pthread_mutex_init(&ctx.inval_lock, NULL);
+    pthread_mutex_init(&ctx.lock, NULL);
+    pthread_mutex_init(&ctx.cpath.lock, NULL);
+    for (int t = 0; t < EMA_TIER_MAX; t++) {
+        ctx.exports[t] = calloc(NRANKS, sizeof(ema__mem_export_t));
+        ck_assert_ptr_nonnull(ctx.exports[t]);
+    }
+    for (int r = 0; r < NRANKS; r++) {
+        ctx.exports[D][r].capacity = NSEGS * SEG; /* no spill tier */
+        ctx.exports[D][r].seg_size = SEG;
+    }
+    ctx.issued  = calloc(NRANKS, sizeof(*ctx.issued));
+    ctx.flushed = calloc(NRANKS, sizeof(*ctx.flushed));
+    ck_assert(ctx.issued != NULL && ctx.flushed != NULL);
+    ctx.mem_ops = &stub_ops;
+    ema__win_coherence_init(&ctx);
+
+    nsent     = 0;
+    fail_type = 0;
+    atomic_store(&nreleased, 0);
+    atomic_store(&nchanged_rel, 0);
+    win_up();
+    atomic_store(&ema__state, EMA_STATE_READY);
+}
+
+static void teardown(void)
+{
+    fail_type = 0;
+    if (win->magic == EMA_WIN_MAGIC) {
+        ck_assert_int_eq(ema_win_free(win), EMA_SUCCESS);
+    }
+    atomic_store(&ema__state, EMA_STATE_NONE);
+    ema__win_ctx_cleanup(&ctx); /* the freed window, its tables */
+    pthread_mutex_destroy(&ctx.amo_lock);
+    ema__xport_sched_cleanup(&xp);
+    ema__xport_coll_cleanup(&xp);
+    ema__xport_waiters_cleanup(&xp);
+    pthread_mutex_destroy(&xp.waiters.lock);
+    ema__seg_pool_cleanup(&arena.pool);
+}
+
+static void nap_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+/* --- ema_win_free against the peer's late messages ---------------------- */
+
+EMA_TEST("races", test_peer_messages_that_found_the_window_before_its_free_use_its_tables)
+{
+    /* A peer's INVAL job (the progress thread, ema_win_job) and UPDATE (a
+     * UCX callback, ema_win_am) look the window up, then use its table of
+     * the peer's part.  A recall on the peer may move its part after the
+     * free's first barrier, so the free may run between the two steps:
+     * here the lookup, the whole collective free, then the steps after. */
+    ema_win_h found = ema__win_find(&ctx, WIN_ID);
+    ck_assert_ptr_eq(found, win);
+    ck_assert_int_eq(ema_win_free(win), EMA_SUCCESS);
+    ck_assert_ptr_null(ema__win_find(&ctx, WIN_ID));
+    ck_assert_uint_eq(atomic_load(&nreleased), OWN_SEGS);
+
+    /* the INVAL job: marks the peer's part in this rank's cache */
+    ck_assert_int_eq(ema__win_inval_local(&ctx, found, PEER, 1, 2), EMA_SUCCESS);
+    ck_assert(atomic_load(&found->parts[PEER].loc[1]) & EMA_LOC_MOVING);
+    ck_assert(atomic_load(&found->parts[PEER].loc[2]) & EMA_LOC_MOVING);
+    /* the UPDATE after it */
+    ema__loc_t upd[2] = {EMA_LOC(PEER, D, 9), EMA_LOC(PEER, D, 10)};
+    ck_assert(ema__win_update_check(found, PEER, PEER_SEGS * SEG, PEER_SEGS, 1, 2, upd));
+    ema__win_apply_update(found, PEER, 2, PEER_SEGS * SEG, PEER_SEGS, 1, 2, upd);
+    ck_assert_uint_eq(atomic_load(&found->parts[PEER].loc[1]), upd[0]);
+    ck_assert_uint_eq(atomic_load(&found->parts[PEER].loc[2]), upd[1]);
+    ck_assert_ptr_nonnull(found->held);
+
+    /* A message that comes once the window is unlinked finds nothing: an
+     * INVAL is acknowledged, an UPDATE dropped. */
+    ema_win_msg_t m;
+    memset(&m, 0, sizeof(m));
+    m.type   = EMA_WIN_MSG_INVAL;
+    m.win_id = WIN_ID;
+    m.part   = PEER;
+    m.first  = 0;
+    m.count  = 1;
+    m.token  = 77;
+    ema__xport_am_dispatch(&xp, EMA_AM_WIN, PEER, &m, sizeof(m));
+    while (ema__xport_run_deferred(&xp, EMA_WAIT_QUICK) > 0) {
+    }
+    const ema_win_msg_t *ack = last_sent(EMA_WIN_MSG_ACK, NULL);
+    ck_assert_ptr_nonnull(ack);
+    ck_assert_uint_eq(ack->token, 77);
+    ck_assert(!(atomic_load(&found->parts[PEER].loc[0]) & EMA_LOC_MOVING));
+
+    struct {
+        ema_win_msg_t m;
+        ema__loc_t    loc;
+    } u;
+    memset(&u, 0, sizeof(u));
+    u.m.type    = EMA_WIN_MSG_UPDATE;
+    u.m.win_id  = WIN_ID;
+    u.m.part    = PEER;
+    u.m.version = 9;
+    u.m.size    = PEER_SEGS * SEG;
+    u.m.nsegs   = PEER_SEGS;
+    u.m.first   = 0;
+    u.m.count   = 1;
+    u.loc       = EMA_LOC(PEER, D, 11);
+    ema__xport_am_dispatch(&xp, EMA_AM_WIN, PEER, &u, sizeof(u));
+    ck_assert_uint_eq(atomic_load(&found->parts[PEER].loc[0]), EMA_LOC(PEER, D, 0));
+    ck_assert_uint_eq(atomic_load(&found->parts[PEER].version), 2);
+}
+END_TEST
+
+int main(void)
+{
+    ema_check_tcase_options("races", 30, setup, teardown);
+    return ema_check_main("races", CK_ENV);
+}

@@ -310,10 +310,27 @@ EMA_EXPORT ema_status_t ema_win_set_reclaim_cb(ema_win_h win, ema_reclaim_cb cb,
     return EMA_SUCCESS;
 }
 
-/* The segment's location is not MOVING. */
+/* [offset, offset+len) lies inside @part. */
+static int ema_win_range_in(ema__win_part_t *part, size_t offset, size_t len)
+{
+    size_t size = atomic_load(&part->size);
+    return offset <= size && len <= size - offset;
+}
+
+/* An acquire's wait on a MOVING segment of its range. */
+typedef struct {
+    ema__win_part_t     *part;
+    _Atomic ema__loc_t  *loc;
+    size_t               offset, len;
+} ema_win_settle_t;
+
+/* The segment's location is not MOVING, or the range has left the part (a
+ * shrink dropped the segment: it stays MOVING until a grow maps it). */
 static int ema_win_settled(void *arg)
 {
-    return !(atomic_load((_Atomic ema__loc_t *)arg) & EMA_LOC_MOVING);
+    const ema_win_settle_t *w = arg;
+    return !(atomic_load(w->loc) & EMA_LOC_MOVING) ||
+           !ema_win_range_in(w->part, w->offset, w->len);
 }
 
 /* An acquire's wait for the recalls due when it came (see ema_win_hold). */
@@ -390,15 +407,14 @@ static ema_status_t ema_win_hold(ema_win_h win, size_t offset, size_t len, int d
      * win->lock (a move) does: never wait for oneself. */
     EMA_WIN_ASSERT_UNLOCKED(win);
     ema__win_part_t *part = &win->parts[win->ctx->rank];
-    size_t seg = win->ctx->seg_size, size;
+    size_t seg = win->ctx->seg_size;
     int waited = 0;
     uint32_t first, last;
     if (len == 0) {
         return EMA_ERR_INVALID_PARAM;
     }
     for (;;) {
-        size = atomic_load(&part->size);
-        if (offset > size || len > size - offset) {
+        if (!ema_win_range_in(part, offset, len)) {
             return EMA_ERR_RANGE;
         }
         first = (uint32_t)(offset / seg);
@@ -419,11 +435,23 @@ static ema_status_t ema_win_hold(ema_win_h win, size_t offset, size_t len, int d
         atomic_fetch_add(&win->held[i], delta);
         /* A segment already being moved is not ours to hold until the move
          * is over; the mover re-checks held after marking it (seq_cst on
-         * both sides), so one of the two always sees the other. */
+         * both sides), so one of the two always sees the other.  A shrink
+         * marks the segments it drops MOVING and leaves them so: once the
+         * range is no longer inside the part, the acquire fails, and gives
+         * back what it took of the range. */
         while (delta > 0 && (atomic_load(&part->loc[i]) & EMA_LOC_MOVING)) {
             atomic_fetch_sub(&win->held[i], 1);
-            ema__xport_wait_until(win->ctx->xp, EMA_WAIT_QUICK, 0, ema_win_settled,
-                                  &part->loc[i]);
+            if (!ema_win_range_in(part, offset, len)) {
+                for (uint32_t j = first; j < i; j++) {
+                    atomic_fetch_sub(&win->held[j], 1);
+                }
+                /* a recall that found them held meanwhile parked: no
+                 * release will wake it */
+                win->ctx->mem_ops->changed(win->ctx->mem_arg, EMA_WIN_CHANGED_RELEASED);
+                return EMA_ERR_RANGE;
+            }
+            ema_win_settle_t w = {part, &part->loc[i], offset, len};
+            ema__xport_wait_until(win->ctx->xp, EMA_WAIT_QUICK, 0, ema_win_settled, &w);
             atomic_fetch_add(&win->held[i], 1);
         }
     }

@@ -1,19 +1,18 @@
 /*
  * A window's own part against its owner's other calls and against its
  * peer's messages, in a world of two ranks in one process, without PMIx or
- * UCX (as tests/fuzz builds one): this rank 0, and rank 1, the peer, played
- * by the test.
+ * a launcher: this rank 0, and rank 1, the peer, played by the test.
  *
- * - The transport has no worker; every message this rank sends goes to
- *   peer_send: a collective's is answered at once with the peer's blob for
- *   the same collective (its collectives mirror this rank's, so barriers
- *   complete); a window message is recorded, an INVAL acknowledged at
- *   once, and a send of the type the test names (fail_type) fails with
- *   EMA_ERR_TRANSPORT instead.
+ * - The transport has a UCX worker but no endpoint: every message this
+ *   rank sends goes to peer_send (xp->send_hook).  A collective's is
+ *   answered at once with the peer's blob for the same collective (the
+ *   peer's collectives mirror this rank's, so barriers complete); a window
+ *   message is recorded, an INVAL acknowledged at once, and a send of the
+ *   type the test names (fail_type) fails with EMA_ERR_TRANSPORT instead.
  * - The window is built as ema__win_allocate leaves it: an own part of
- *   OWN_SEGS segments of this rank's arena, mapped in a reserved range
- *   whose bytes no test touches, and the peer's part of PEER_SEGS of its
- *   memory.
+ *   OWN_SEGS segments of this rank's arena, in a reserved range whose
+ *   bytes no test touches (not mapped), and the peer's part of PEER_SEGS
+ *   segments of its memory (its arena's export is this one's).
  * - The memory provider (ctx->mem_ops) is a stub: it finds nothing, and
  *   counts what comes back.
  * - ema__state says ready, so that the public calls run.
@@ -46,7 +45,7 @@
 #define D         EMA_TIER_DEVICE
 
 static ema__xport_t xp;
-static ema__mem_arena_t arena;
+static ema__mem_arena_t *arena;
 static ema__win_ctx_t ctx;
 static struct ema_win *win;
 
@@ -172,8 +171,8 @@ static void win_up(void)
     pthread_mutex_init(&win->lock, NULL);
     atomic_init(&win->lock_owner, 0);
     atomic_init(&win->prefetching, 0);
-    ck_assert_int_eq(arena.ops->reserve(&arena, win->reserved, &win->base), EMA_SUCCESS);
-    ck_assert_int_eq(ema__seg_pool_alloc(&arena.pool, OWN_SEGS, EMA_SEG_USED, segs),
+    ck_assert_int_eq(arena->ops->reserve(arena, win->reserved, &win->base), EMA_SUCCESS);
+    ck_assert_int_eq(ema__seg_pool_alloc(&arena->pool, OWN_SEGS, EMA_SEG_USED, segs),
                      EMA_SUCCESS);
     for (int r = 0; r < NRANKS; r++) {
         ema__win_part_t *p = &win->parts[r];
@@ -196,49 +195,17 @@ static void win_up(void)
 static void setup(void)
 {
     memset(&xp, 0, sizeof(xp));
-    xp.rank = ME;
-    xp.size = NRANKS;
-    xp.efd  = -1;
-    ema__xport_sched_init(&xp);
-    xp.idle_mask = 63; /* no worker, no peers' pids: waits only spin */
-    ema__xport_coll_init(&xp);
-    ema__xport_waiters_init(&xp);
+    ck_assert_int_eq(ema__xport_create(&xp, ME, NRANKS), EMA_SUCCESS); /* no peer connected */
     xp.send_hook = peer_send;
-    ema__xport_set_am_handler(&xp, EMA_AM_COLL, ema__xport_coll_am, &xp);
-
-    memset(&arena, 0, sizeof(arena));
-    arena.ops      = &ema__mem_host_ops;
-    arena.seg_size = SEG;
-    arena.capacity = NSEGS * SEG;
-    arena.fd       = -1;
-    arena.device   = -1;
-    ck_assert_int_eq(ema__seg_pool_init(&arena.pool, NSEGS), EMA_SUCCESS);
-
-    memset(&ctx, 0, sizeof(ctx));
-    ctx.xp       = &xp;
-    ctx.tier[D]  = &arena;
-    ctx.rank     = ME;
-    ctx.size     = NRANKS;
-    ctx.seg_size = SEG;
-    atomic_init(&ctx.inflight[0], 0);
-    atomic_init(&ctx.inflight[1], 0);
-    atomic_init(&ctx.epoch, 0);
-    pthread_mutex_init(&ctx.inval_lock, NULL);
-    pthread_mutex_init(&ctx.lock, NULL);
-    pthread_mutex_init(&ctx.cpath.lock, NULL);
-    for (int t = 0; t < EMA_TIER_MAX; t++) {
-        ctx.exports[t] = calloc(NRANKS, sizeof(ema__mem_export_t));
-        ck_assert_ptr_nonnull(ctx.exports[t]);
-    }
+    ck_assert_int_eq(ema__mem_arena_create(&ema__mem_host_ops, NSEGS * SEG, SEG, 0, 0, &arena),
+                     EMA_SUCCESS);
+    ck_assert_int_eq(ema__win_ctx_init(&ctx, &xp, arena, NULL, ME, NRANKS), EMA_SUCCESS);
+    /* what ema__win_ctx_connect learns from the modex: the peer's arena is
+     * this one's twin */
     for (int r = 0; r < NRANKS; r++) {
-        ctx.exports[D][r].capacity = NSEGS * SEG; /* no spill tier */
-        ctx.exports[D][r].seg_size = SEG;
+        ema__mem_arena_export(arena, &ctx.exports[D][r]);
     }
-    ctx.issued  = calloc(NRANKS, sizeof(*ctx.issued));
-    ctx.flushed = calloc(NRANKS, sizeof(*ctx.flushed));
-    ck_assert(ctx.issued != NULL && ctx.flushed != NULL);
     ctx.mem_ops = &stub_ops;
-    ema__win_coherence_init(&ctx);
 
     nsent     = 0;
     fail_type = 0;
@@ -256,12 +223,8 @@ static void teardown(void)
     }
     atomic_store(&ema__state, EMA_STATE_NONE);
     ema__win_ctx_cleanup(&ctx); /* the freed window, its tables */
-    pthread_mutex_destroy(&ctx.amo_lock);
-    ema__xport_sched_cleanup(&xp);
-    ema__xport_coll_cleanup(&xp);
-    ema__xport_waiters_cleanup(&xp);
-    pthread_mutex_destroy(&xp.waiters.lock);
-    ema__seg_pool_cleanup(&arena.pool);
+    ema__xport_destroy(&xp);
+    ema__mem_arena_destroy(arena);
 }
 
 static void nap_ms(int ms)
@@ -332,6 +295,93 @@ EMA_TEST("races", test_peer_messages_that_found_the_window_before_its_free_use_i
     ema__xport_am_dispatch(&xp, EMA_AM_WIN, PEER, &u, sizeof(u));
     ck_assert_uint_eq(atomic_load(&found->parts[PEER].loc[0]), EMA_LOC(PEER, D, 0));
     ck_assert_uint_eq(atomic_load(&found->parts[PEER].version), 2);
+}
+END_TEST
+
+/* --- ema_win_acquire against a move and a shrink ------------------------- */
+
+typedef struct {
+    size_t       offset, len;
+    ema_status_t status;
+    atomic_int   done;
+} acquire_arg_t;
+
+static void *acquire_thread(void *arg)
+{
+    acquire_arg_t *a = arg;
+    a->status = ema_win_acquire(win, a->offset, a->len);
+    atomic_store(&a->done, 1);
+    return NULL;
+}
+
+/* Wait up to @ms for @a's acquire to return: whether it did. */
+static int acquire_returns(acquire_arg_t *a, int ms)
+{
+    double t0 = ema__now_us();
+    while (!atomic_load(&a->done) && ema__now_us() - t0 < ms * 1e3) {
+        nap_ms(1);
+    }
+    return atomic_load(&a->done);
+}
+
+/* Segments [first, first+count) of the own part marked MOVING, as a
+ * migration in progress leaves them (ema__win_invalidate_runs). */
+static void mark_moving(uint32_t first, uint32_t count)
+{
+    for (uint32_t i = first; i < first + count; i++) {
+        atomic_fetch_or(&win->parts[ME].loc[i], EMA_LOC_MOVING);
+    }
+}
+
+EMA_TEST("races", test_acquire_waits_out_a_move_then_pins_the_range)
+{
+    acquire_arg_t a = {.offset = SEG, .len = 2 * SEG};
+    pthread_t t;
+
+    atomic_init(&a.done, 0);
+    mark_moving(2, 2);
+    ck_assert_int_eq(pthread_create(&t, NULL, acquire_thread, &a), 0);
+    nap_ms(100);
+    ck_assert_msg(!atomic_load(&a.done), "the acquire did not wait for the moving segment");
+    for (uint32_t i = 2; i < 4; i++) { /* the move is over: back in service */
+        atomic_fetch_and(&win->parts[ME].loc[i], ~EMA_LOC_MOVING);
+    }
+    ck_assert(acquire_returns(&a, 5000));
+    pthread_join(t, NULL);
+    ck_assert_int_eq(a.status, EMA_SUCCESS);
+    ck_assert_int_eq(atomic_load(&win->held[0]), 0);
+    ck_assert_int_eq(atomic_load(&win->held[1]), 1);
+    ck_assert_int_eq(atomic_load(&win->held[2]), 1);
+    ck_assert_int_eq(ema_win_release(win, SEG, 2 * SEG), EMA_SUCCESS);
+}
+END_TEST
+
+EMA_TEST("races", test_acquire_waiting_on_a_range_a_shrink_drops_fails_with_range)
+{
+    /* The acquire passed its range check and waits for a moving segment;
+     * meanwhile a shrink on another thread drops the range.  The dropped
+     * segments stay MOVING until a grow maps them again: the acquire must
+     * not wait for that, but fail, holding nothing. */
+    acquire_arg_t a = {.offset = SEG, .len = 2 * SEG};
+    pthread_t t;
+
+    atomic_init(&a.done, 0);
+    mark_moving(2, 2);
+    ck_assert_int_eq(pthread_create(&t, NULL, acquire_thread, &a), 0);
+    nap_ms(100);
+    ck_assert_msg(!atomic_load(&a.done), "the acquire did not wait for the moving segment");
+    unsigned changed0 = atomic_load(&nchanged_rel);
+    ck_assert_int_eq(ema_win_shrink(win, SEG), EMA_SUCCESS);
+    ck_assert_msg(acquire_returns(&a, 5000),
+                  "the acquire still waits for a range the shrink dropped");
+    pthread_join(t, NULL);
+    ck_assert_int_eq(a.status, EMA_ERR_RANGE);
+    for (uint32_t i = 0; i < OWN_SEGS; i++) {
+        ck_assert_int_eq(atomic_load(&win->held[i]), 0); /* segment 1's count back */
+    }
+    /* a recall parked on segment 1 meanwhile is woken, as by a release */
+    ck_assert_uint_gt(atomic_load(&nchanged_rel), changed0);
+    ck_assert_uint_eq(atomic_load(&win->parts[ME].size), SEG);
 }
 END_TEST
 

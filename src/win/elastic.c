@@ -266,15 +266,22 @@ static ema_status_t win_shrink(ema_win_h win, size_t new_size)
         return EMA_ERR_NO_MEMORY;
     }
     if (drop > 0) {
+        for (uint32_t i = 0; i < drop; i++) {
+            old[i] = atomic_load(&part->loc[keep + i]) & ~EMA_LOC_MOVING;
+        }
         /* nobody may use the dropped segments any more */
         status = ema__win_invalidate(win, keep, drop);
         if (status != EMA_SUCCESS) {
+            /* Some rank may not have stopped using them: nothing is
+             * dropped, and they go back in service everywhere (left
+             * MOVING, every later acquire and operation on them waited
+             * for ever) */
+            ema_error("ema_win_shrink: invalidating segments %u..%u of window %u failed (%s): "
+                      "the part stays as it was", keep, cur - 1, win->id, ema_strerror(status));
+            ema__win_restore(win, &keep, &drop, 1, old);
             ema__win_unlock(win);
             free(old);
             return status;
-        }
-        for (uint32_t i = 0; i < drop; i++) {
-            old[i] = atomic_load(&part->loc[keep + i]) & ~EMA_LOC_MOVING;
         }
         ema__win_seg_unmap(win, keep, drop);
     }

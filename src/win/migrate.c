@@ -90,6 +90,26 @@ static void ema_win_handover(void *arg, uint32_t ncopied)
     ho->handed = ncopied;
 }
 
+ema_status_t ema__win_restore(ema_win_h win, const uint32_t *first, const uint32_t *count,
+                              uint32_t nruns, const ema__loc_t *old)
+{
+    EMA_WIN_ASSERT_LOCKED(win);
+    ema__win_part_t *part = &win->parts[win->ctx->rank];
+    ema_status_t status   = EMA_SUCCESS;
+    uint32_t k = 0;
+
+    for (uint32_t r = 0; r < nruns; r++) {
+        for (uint32_t i = first[r]; i < first[r] + count[r]; i++) {
+            atomic_store(&part->loc[i], old[k++]);
+        }
+    }
+    for (uint32_t r = 0; r < nruns; r++) {
+        ema_status_t st = ema__win_publish(win, first[r], count[r]);
+        status = (status == EMA_SUCCESS) ? st : status;
+    }
+    return status;
+}
+
 /*
  * Move segments @idx[0..n) of @win's own part to other memory, as one batch:
  * one round of invalidations, the copies, one round of updates, and one
@@ -189,13 +209,8 @@ ema_status_t ema__win_move(ema_win_h win, uint32_t *idx, uint32_t n, int exclude
          * and the next pass leaves the held ones out; or the round failed,
          * and some rank may not have stopped using the old memory, so no
          * copy and no give-back (the recall path refuses what did not
-         * move). */
-        for (i = 0; i < n; i++) {
-            atomic_store(&part->loc[idx[i]], old[i]);
-        }
-        for (uint32_t r = 0; r < nruns; r++) {
-            ema__win_publish(win, first[r], count[r]);
-        }
+         * move).  old[] is in the order of idx[], and so of the runs. */
+        ema__win_restore(win, first, count, nruns, old);
         if (status != EMA_SUCCESS) {
             ema_error("window %u: invalidating %u segments failed (%s): they stay where they "
                       "are", win->id, n, ema_strerror(status));

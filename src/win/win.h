@@ -613,6 +613,14 @@ void         ema__win_apply_update(ema_win_h win, int part, uint64_t version, si
 ema_status_t ema__win_move(ema_win_h win, uint32_t *idx, uint32_t n, int exclude,
                            const ema__loc_t *targets, const int64_t *handles, unsigned flags)
     EMA_REQUIRES(win->lock);
+/* Put the own part's segments of runs [@first[k], @first[k]+@count[k]), k <
+ * @nruns, back in service where they were, @old (in run order), after an
+ * invalidation that failed or found some of them held: MOVING cleared in
+ * the own table, then published, so that every rank uses them again.  The
+ * one restore path of ema__win_move and ema_win_shrink.  Requires
+ * win->lock; returns the first error of the publish. */
+ema_status_t ema__win_restore(ema_win_h win, const uint32_t *first, const uint32_t *count,
+                              uint32_t nruns, const ema__loc_t *old) EMA_REQUIRES(win->lock);
 /* ema__win_move's @flags: a lender waits for the old memory (a recall), so
  * it is given back as soon as the copies are done, before the window's
  * remaps (cuda; on the host kind's direct path a remap is one mmap). */

@@ -385,6 +385,61 @@ EMA_TEST("races", test_acquire_waiting_on_a_range_a_shrink_drops_fails_with_rang
 }
 END_TEST
 
+/* --- a shrink whose invalidation fails ------------------------------------ */
+
+EMA_TEST("races", test_shrink_whose_invalidation_fails_leaves_the_part_in_service)
+{
+    ema__win_part_t *own = &win->parts[ME];
+    ema__loc_t before[OWN_SEGS];
+    for (uint32_t i = 0; i < OWN_SEGS; i++) {
+        before[i] = atomic_load(&own->loc[i]);
+    }
+    uint64_t version = atomic_load(&own->version);
+
+    fail_type = EMA_WIN_MSG_INVAL; /* the peer cannot be told */
+    ck_assert_int_eq(ema_win_shrink(win, SEG), EMA_ERR_TRANSPORT);
+    fail_type = 0;
+
+    /* the part as it was, every segment in service */
+    ck_assert_uint_eq(atomic_load(&own->size), OWN_SEGS * SEG);
+    ck_assert_uint_eq(atomic_load(&own->nsegs), OWN_SEGS);
+    for (uint32_t i = 0; i < OWN_SEGS; i++) {
+        ck_assert_msg(atomic_load(&own->loc[i]) == before[i],
+                      "segment %u left at %#llx, was %#llx", i,
+                      (unsigned long long)atomic_load(&own->loc[i]),
+                      (unsigned long long)before[i]);
+    }
+    ck_assert_uint_eq(atomic_load(&nreleased), 0);
+    /* and published: a rank that marked them before the failure uses them again */
+    const ema__loc_t *locs;
+    const ema_win_msg_t *upd = last_sent(EMA_WIN_MSG_UPDATE, &locs);
+    ck_assert_ptr_nonnull(upd);
+    ck_assert_uint_eq(upd->first, 1);
+    ck_assert_uint_eq(upd->count, OWN_SEGS - 1);
+    ck_assert_uint_eq(upd->size, OWN_SEGS * SEG);
+    ck_assert_uint_eq(upd->nsegs, OWN_SEGS);
+    ck_assert_uint_gt(upd->version, version);
+    for (uint32_t i = 1; i < OWN_SEGS; i++) {
+        ck_assert_uint_eq(locs[i - 1], before[i]);
+    }
+
+    /* a later acquire of the range does not wait */
+    acquire_arg_t a = {.offset = 0, .len = OWN_SEGS * SEG};
+    pthread_t t;
+    atomic_init(&a.done, 0);
+    ck_assert_int_eq(pthread_create(&t, NULL, acquire_thread, &a), 0);
+    ck_assert_msg(acquire_returns(&a, 5000), "an acquire waits on the failed shrink's range");
+    pthread_join(t, NULL);
+    ck_assert_int_eq(a.status, EMA_SUCCESS);
+    ck_assert_int_eq(ema_win_release(win, 0, OWN_SEGS * SEG), EMA_SUCCESS);
+
+    /* and the shrink goes through once the peer can be told */
+    ck_assert_int_eq(ema_win_shrink(win, SEG), EMA_SUCCESS);
+    ck_assert_uint_eq(atomic_load(&own->size), SEG);
+    ck_assert_uint_eq(atomic_load(&nreleased), OWN_SEGS - 1);
+}
+END_TEST
+
 int main(void)
 {
     ema_check_tcase_options("races", 30, setup, teardown);

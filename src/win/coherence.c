@@ -135,14 +135,24 @@ static int ema_win_amo_in(const ema__mem_arena_t *a, uint64_t raddr)
            a->capacity - (raddr - base) >= sizeof(uint64_t);
 }
 
-/* Snapshot of the own part's locations [first, first+count). */
+/* The own part's locations [first, first+count) into @locs, masked with
+ * @keep. */
+static void ema_win_snapshot_into(ema_win_h win, uint32_t first, uint32_t count,
+                                  ema__loc_t keep, ema__loc_t *locs)
+{
+    ema__win_part_t *p = &win->parts[win->ctx->rank];
+    for (uint32_t i = 0; i < count; i++) {
+        locs[i] = atomic_load(&p->loc[first + i]) & keep;
+    }
+}
+
+/* The same, into memory of its own (NULL: out of memory). */
 static ema__loc_t *ema_win_snapshot(ema_win_h win, uint32_t first, uint32_t count,
                                     ema__loc_t keep)
 {
-    ema__win_part_t *p = &win->parts[win->ctx->rank];
-    ema__loc_t *locs   = malloc(sizeof(*locs) * (count ? count : 1));
-    for (uint32_t i = 0; locs != NULL && i < count; i++) {
-        locs[i] = atomic_load(&p->loc[first + i]) & keep;
+    ema__loc_t *locs = malloc(sizeof(*locs) * (count ? count : 1));
+    if (locs != NULL) {
+        ema_win_snapshot_into(win, first, count, keep, locs);
     }
     return locs;
 }
@@ -521,7 +531,7 @@ ema_status_t ema__win_invalidate(ema_win_h win, uint32_t first, uint32_t count)
     return ema__win_invalidate_runs(win, &first, &count, 1);
 }
 
-ema_status_t ema__win_publish(ema_win_h win, uint32_t first, uint32_t count)
+ema_status_t ema__win_publish(ema_win_h win, uint32_t first, uint32_t count, ema__loc_t *buf)
 {
     EMA_WIN_ASSERT_LOCKED(win); /* one version at a time */
     ema__win_ctx_t *ctx = win->ctx;
@@ -529,31 +539,38 @@ ema_status_t ema__win_publish(ema_win_h win, uint32_t first, uint32_t count)
     ema_status_t status = EMA_SUCCESS;
     ema_win_msg_t m;
 
+    /* An UPDATE is sent by the thread moving the segments (win->lock):
+     * MOVING in the owner's table then only keeps the owner's own acquires
+     * off a window range not yet remapped (migrate.c ema_win_handover);
+     * the new location itself is ready for every other rank.  The message
+     * is whole before the version moves, and nothing here can run out of
+     * memory (the caller's @buf): a version is spent only on an UPDATE
+     * that goes out. */
+    ema_win_snapshot_into(win, first, count, ~(ema__loc_t)EMA_LOC_MOVING, buf);
     memset(&m, 0, sizeof(m));
     m.type    = EMA_WIN_MSG_UPDATE;
     m.win_id  = win->id;
     m.part    = ctx->rank;
-    m.version = atomic_fetch_add(&p->version, 1) + 1;
     m.size    = atomic_load(&p->size);
     m.nsegs   = atomic_load(&p->nsegs);
     m.first   = first;
     m.count   = count;
-    /* An UPDATE is sent by the thread moving the segments (win->lock):
-     * MOVING in the owner's table then only keeps the owner's own acquires
-     * off a window range not yet remapped (migrate.c ema_win_handover);
-     * the new location itself is ready for every other rank. */
-    ema__loc_t *locs = ema_win_snapshot(win, first, count, ~(ema__loc_t)EMA_LOC_MOVING);
-    if (locs == NULL) {
-        return EMA_ERR_NO_MEMORY;
-    }
+    m.version = atomic_fetch_add(&p->version, 1) + 1;
     for (int r = 0; r < ctx->size; r++) {
         if (r != ctx->rank && !ema__xport_peer_lost(ctx->xp, r)) {
-            ema_status_t st = ema_win_send(ctx, r, &m, locs, count);
-            st     = (st == EMA_ERR_PEER_LOST) ? EMA_SUCCESS : st; /* died meanwhile */
-            status = (status == EMA_SUCCESS) ? st : status;
+            ema_status_t st = ema_win_send(ctx, r, &m, buf, count);
+            if (st == EMA_ERR_PEER_LOST) {
+                continue; /* died meanwhile: it reads nothing any more */
+            }
+            if (st != EMA_SUCCESS && status == EMA_SUCCESS) {
+                ema_error("window %u: telling rank %d of the part's version %" PRIu64 " (%"
+                          PRIu64 " bytes; segments %u..%" PRIu64 ") failed (%s): it keeps the "
+                          "one it had", win->id, r, m.version, m.size, first,
+                          (uint64_t)first + count, ema_strerror(st));
+                status = st;
+            }
         }
     }
-    free(locs);
     return status;
 }
 

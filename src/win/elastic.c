@@ -122,7 +122,10 @@ EMA_EXPORT ema_status_t ema_win_grow(ema_win_h win, size_t new_size)
     atomic_store(&part->nsegs, cur + want);
     atomic_store(&part->size, new_size);
     ctx->mem_ops->mapped(ctx->mem_arg, locs, want);
-    status = ema__win_publish(win, cur, want);
+    /* locs, no longer needed, is the publish's buffer: allocated before
+     * the part changed.  A peer not told learns the new size when it
+     * addresses it (ema__win_fetch). */
+    status = ema__win_publish(win, cur, want, locs);
     ema__win_unlock(win);
     goto out;
 
@@ -260,7 +263,8 @@ static ema_status_t win_shrink(ema_win_h win, size_t new_size)
     uint32_t cur  = atomic_load(&part->nsegs);
     uint32_t keep = (uint32_t)((new_size + seg - 1) / seg);
     uint32_t drop = cur - keep;
-    ema__loc_t *old = calloc(drop ? drop : 1, sizeof(*old));
+    /* the dropped locations, then the restore's publish buffer */
+    ema__loc_t *old = calloc(drop ? 2 * (size_t)drop : 1, sizeof(*old));
     if (old == NULL) {
         ema__win_unlock(win);
         return EMA_ERR_NO_MEMORY;
@@ -278,7 +282,7 @@ static ema_status_t win_shrink(ema_win_h win, size_t new_size)
              * for ever) */
             ema_error("ema_win_shrink: invalidating segments %u..%u of window %u failed (%s): "
                       "the part stays as it was", keep, cur - 1, win->id, ema_strerror(status));
-            ema__win_restore(win, &keep, &drop, 1, old);
+            ema__win_restore(win, &keep, &drop, 1, old, old + drop);
             ema__win_unlock(win);
             free(old);
             return status;
@@ -288,7 +292,7 @@ static ema_status_t win_shrink(ema_win_h win, size_t new_size)
     atomic_store(&part->size, new_size);
     atomic_store(&part->nsegs, keep);
     ema__win_policy_shrunk(win, keep); /* kept copies past the end go */
-    status = ema__win_publish(win, keep, 0);
+    status = ema__win_publish(win, keep, 0, NULL); /* peers not told keep the marks */
     ema__win_wanted_bytes(win); /* forgets the wanted segments dropped */
     ema__win_unlock(win);
     ctx->mem_ops->release(ctx->mem_arg, old, drop);

@@ -56,7 +56,9 @@ typedef struct {
     const ema__loc_t  *old, *loc;
     const uint32_t    *first, *count;
     uint32_t           nruns;
+    ema__loc_t        *pub;    /* the publish's buffer (room for the batch) */
     uint32_t           handed; /* out: segments handed over, from the first */
+    ema_status_t       told;   /* out: the first error telling the peers */
 } ema_win_handover_t;
 
 static void ema_win_handover(void *arg, uint32_t ncopied)
@@ -74,7 +76,10 @@ static void ema_win_handover(void *arg, uint32_t ncopied)
     ctx->mem_ops->mapped(ctx->mem_arg, ho->loc, ncopied);
     for (uint32_t r = 0; r < ho->nruns && left > 0; r++) {
         uint32_t c = (ho->count[r] < left) ? ho->count[r] : left;
-        ema__win_publish(win, ho->first[r], c); /* MOVING is the owner's alone */
+        /* MOVING is the owner's alone; a peer not told keeps the marks of
+         * the invalidation, so the give-back below is still safe */
+        ema_status_t st = ema__win_publish(win, ho->first[r], c, ho->pub);
+        ho->told = (ho->told == EMA_SUCCESS) ? st : ho->told;
         left -= c;
     }
     /* counted before the give-back, as the window's migrations are
@@ -91,7 +96,7 @@ static void ema_win_handover(void *arg, uint32_t ncopied)
 }
 
 ema_status_t ema__win_restore(ema_win_h win, const uint32_t *first, const uint32_t *count,
-                              uint32_t nruns, const ema__loc_t *old)
+                              uint32_t nruns, const ema__loc_t *old, ema__loc_t *buf)
 {
     EMA_WIN_ASSERT_LOCKED(win);
     ema__win_part_t *part = &win->parts[win->ctx->rank];
@@ -104,7 +109,7 @@ ema_status_t ema__win_restore(ema_win_h win, const uint32_t *first, const uint32
         }
     }
     for (uint32_t r = 0; r < nruns; r++) {
-        ema_status_t st = ema__win_publish(win, first[r], count[r]);
+        ema_status_t st = ema__win_publish(win, first[r], count[r], buf);
         status = (status == EMA_SUCCESS) ? st : status;
     }
     return status;
@@ -121,7 +126,10 @@ ema_status_t ema__win_restore(ema_win_h win, const uint32_t *first, const uint32
  * application (ema(7) MIGRATION), so it can run in any thread, the
  * application's own ema_progress and ema_barrier included.  The caller
  * looks at the table afterwards to see what did not move.  Returns
- * EMA_ERR_NO_MEMORY when no memory was found for some of the segments.
+ * EMA_ERR_NO_MEMORY when no memory was found for some of the segments; the
+ * error of an invalidation, a copy or a map (what it stopped stays where it
+ * was); or that of telling a peer where the segments are (EMA_ERR_TRANSPORT,
+ * logged: the move is done, and that peer keeps them marked MOVING).
  */
 ema_status_t ema__win_move(ema_win_h win, uint32_t *idx, uint32_t n, int exclude,
                           const ema__loc_t *targets, const int64_t *handles, unsigned flags)
@@ -130,15 +138,17 @@ ema_status_t ema__win_move(ema_win_h win, uint32_t *idx, uint32_t n, int exclude
     ema__win_ctx_t *ctx   = win->ctx;
     ema__win_part_t *part = &win->parts[ctx->rank];
     size_t seg = ctx->seg_size;
-    ema_status_t status = EMA_SUCCESS, found = EMA_SUCCESS;
+    ema_status_t status = EMA_SUCCESS, found = EMA_SUCCESS, told = EMA_SUCCESS;
     ema__loc_t *old = calloc(n ? n : 1, sizeof(*old));
     ema__loc_t *loc = calloc(n ? n : 1, sizeof(*loc));
     int64_t *hdl    = calloc(n ? n : 1, sizeof(*hdl));
     uint32_t *first = calloc(n ? n : 1, sizeof(*first));
     uint32_t *count = calloc(n ? n : 1, sizeof(*count));
+    ema__loc_t *pub = calloc(n ? n : 1, sizeof(*pub)); /* every publish's, allocated first */
     uint32_t got, nruns, i, k;
 
-    if (old == NULL || loc == NULL || hdl == NULL || first == NULL || count == NULL) {
+    if (old == NULL || loc == NULL || hdl == NULL || first == NULL || count == NULL ||
+        pub == NULL) {
         if (targets != NULL) { /* the caller's memory goes back, as for a move */
             ctx->mem_ops->release(ctx->mem_arg, targets, n);
         }
@@ -209,11 +219,15 @@ ema_status_t ema__win_move(ema_win_h win, uint32_t *idx, uint32_t n, int exclude
          * and the next pass leaves the held ones out; or the round failed,
          * and some rank may not have stopped using the old memory, so no
          * copy and no give-back (the recall path refuses what did not
-         * move).  old[] is in the order of idx[], and so of the runs. */
-        ema__win_restore(win, first, count, nruns, old);
+         * move).  old[] is in the order of idx[], and so of the runs.  A
+         * rank that the restore could not tell keeps them marked: no point
+         * in a next pass (logged by the publish). */
+        told = ema__win_restore(win, first, count, nruns, old, pub);
         if (status != EMA_SUCCESS) {
             ema_error("window %u: invalidating %u segments failed (%s): they stay where they "
                       "are", win->id, n, ema_strerror(status));
+        }
+        if (status != EMA_SUCCESS || told != EMA_SUCCESS) {
             ctx->mem_ops->release(ctx->mem_arg, loc, n);
             goto out;
         }
@@ -221,7 +235,7 @@ ema_status_t ema__win_move(ema_win_h win, uint32_t *idx, uint32_t n, int exclude
 
     /* 3. copy, and map the new memory at the same addresses */
     uint32_t ok = 0;
-    ema_win_handover_t ho = {win, idx, old, loc, first, count, nruns, 0};
+    ema_win_handover_t ho = {win, idx, old, loc, first, count, nruns, pub, 0, EMA_SUCCESS};
     double tm0 = ema__now_us(), tm_copy = 0;
     tinv = tm0 - tinv;
     if (flags & EMA_WIN_MOVE_NO_COPY) {
@@ -260,8 +274,10 @@ ema_status_t ema__win_move(ema_win_h win, uint32_t *idx, uint32_t n, int exclude
         for (i = 0; i < n; i++) {
             atomic_store(&part->loc[idx[i]], (i < ho.handed) ? loc[i] : old[i]);
         }
+        told = ho.told;
         for (uint32_t r = 0; r < nruns; r++) {
-            ema__win_publish(win, first[r], count[r]);
+            ema_status_t st = ema__win_publish(win, first[r], count[r], pub);
+            told = (told == EMA_SUCCESS) ? st : told;
         }
         /* bytes_migrated and the wanted segments: done by the hand-over */
         tm2 = ema__now_us();
@@ -274,8 +290,11 @@ ema_status_t ema__win_move(ema_win_h win, uint32_t *idx, uint32_t n, int exclude
             atomic_store(&part->loc[idx[i]], (i < ok) ? loc[i] : old[i]);
         }
         ctx->mem_ops->mapped(ctx->mem_arg, loc, ok);
+        /* a rank not told keeps the marks of the invalidation: it waits
+         * instead of using the old memory, so that still goes back */
         for (uint32_t r = 0; r < nruns; r++) {
-            ema__win_publish(win, first[r], count[r]);
+            ema_status_t st = ema__win_publish(win, first[r], count[r], pub);
+            told = (told == EMA_SUCCESS) ? st : told;
         }
         if (win->stats.nwanted > 0) {
             ema__win_wanted_bytes(win); /* forgets the wanted segments that moved */
@@ -306,7 +325,11 @@ out:
     free(hdl);
     free(first);
     free(count);
-    return (status == EMA_SUCCESS) ? found : status;
+    free(pub);
+    if (status == EMA_SUCCESS) {
+        status = (told == EMA_SUCCESS) ? found : told;
+    }
+    return status;
 }
 
 /* @n borrowed segments of @win's own part, @segs of rank @src, were refused

@@ -616,11 +616,13 @@ ema_status_t ema__win_move(ema_win_h win, uint32_t *idx, uint32_t n, int exclude
 /* Put the own part's segments of runs [@first[k], @first[k]+@count[k]), k <
  * @nruns, back in service where they were, @old (in run order), after an
  * invalidation that failed or found some of them held: MOVING cleared in
- * the own table, then published, so that every rank uses them again.  The
- * one restore path of ema__win_move and ema_win_shrink.  Requires
- * win->lock; returns the first error of the publish. */
+ * the own table, then published (@buf: room for the longest run), so that
+ * every rank uses them again.  The one restore path of ema__win_move and
+ * ema_win_shrink.  Requires win->lock; returns the first error of the
+ * publish. */
 ema_status_t ema__win_restore(ema_win_h win, const uint32_t *first, const uint32_t *count,
-                              uint32_t nruns, const ema__loc_t *old) EMA_REQUIRES(win->lock);
+                              uint32_t nruns, const ema__loc_t *old, ema__loc_t *buf)
+    EMA_REQUIRES(win->lock);
 /* ema__win_move's @flags: a lender waits for the old memory (a recall), so
  * it is given back as soon as the copies are done, before the window's
  * remaps (cuda; on the host kind's direct path a remap is one mmap). */
@@ -681,8 +683,13 @@ ema_status_t ema__win_invalidate_runs(ema_win_h win, const uint32_t *first,
                                      const uint32_t *count, uint32_t nruns)
     EMA_REQUIRES(win->lock);
 /* Owner: send the own part's size and the locations [first, first+count)
- * to every rank (after a grow, shrink or move).  Requires win->lock. */
-ema_status_t ema__win_publish(ema_win_h win, uint32_t first, uint32_t count)
+ * to every rank (after a grow, shrink or move), as its next version.  @buf
+ * has room for @count locations (NULL if 0): the caller allocates it before
+ * it changes the table, so that the publish cannot fail for memory once
+ * the change is made.  An error: a send to a live peer failed (logged; the
+ * others were still sent, and the version is spent), and that peer keeps
+ * its old table of the range, MOVING marks included.  Requires win->lock. */
+ema_status_t ema__win_publish(ema_win_h win, uint32_t first, uint32_t count, ema__loc_t *buf)
     EMA_REQUIRES(win->lock);
 /* Fetch @part's table from its owner, when an offset falls past the cached
  * size.  Blocking; from application threads only, never under win->lock. */

@@ -11,8 +11,9 @@
  *   type the test names (fail_type) fails with EMA_ERR_TRANSPORT instead.
  * - The window is built as ema__win_allocate leaves it: an own part of
  *   OWN_SEGS segments of this rank's arena, in a reserved range whose
- *   bytes no test touches (not mapped), and the peer's part of PEER_SEGS
- *   segments of its memory (its arena's export is this one's).
+ *   bytes no test touches (so not mapped there but by a move's remap), and
+ *   the peer's part of PEER_SEGS segments of its memory (its arena's
+ *   export is this one's).
  * - The memory provider (ctx->mem_ops) is a stub: it finds nothing, and
  *   counts what comes back.
  * - ema__state says ready, so that the public calls run.
@@ -58,6 +59,7 @@ static struct {
 } sent[MAXSENT];
 static int nsent;
 static uint32_t fail_type; /* a window message of this type fails to send; 0: none */
+static int hold_on_inval;  /* >= 0: the own segment acquired when an INVAL goes out */
 
 static ema_status_t peer_send(void *arg, int peer, unsigned id, const void *hdr, size_t hlen,
                               const void *data, size_t len)
@@ -80,6 +82,12 @@ static ema_status_t peer_send(void *arg, int peer, unsigned id, const void *hdr,
     ck_assert_uint_eq(hlen, sizeof(ema_win_msg_t));
     ema_win_msg_t m;
     memcpy(&m, hdr, sizeof(m));
+    if (m.type == EMA_WIN_MSG_INVAL && hold_on_inval >= 0) {
+        /* as an ema_win_acquire on another thread, between the owner's
+         * mark and its look at the held counts */
+        atomic_fetch_add(&win->held[hold_on_inval], 1);
+        hold_on_inval = -1;
+    }
     if (m.type == fail_type) {
         return EMA_ERR_TRANSPORT;
     }
@@ -207,8 +215,9 @@ static void setup(void)
     }
     ctx.mem_ops = &stub_ops;
 
-    nsent     = 0;
-    fail_type = 0;
+    nsent         = 0;
+    fail_type     = 0;
+    hold_on_inval = -1;
     atomic_store(&nreleased, 0);
     atomic_store(&nchanged_rel, 0);
     win_up();
@@ -437,6 +446,98 @@ EMA_TEST("races", test_shrink_whose_invalidation_fails_leaves_the_part_in_servic
     ck_assert_int_eq(ema_win_shrink(win, SEG), EMA_SUCCESS);
     ck_assert_uint_eq(atomic_load(&own->size), SEG);
     ck_assert_uint_eq(atomic_load(&nreleased), OWN_SEGS - 1);
+}
+END_TEST
+
+/* --- a move whose UPDATE cannot be sent ---------------------------------- */
+
+/* The number of window messages of @type this rank sent. */
+static int nsent_of(uint32_t type)
+{
+    int k = 0;
+    for (int i = 0; i < nsent; i++) {
+        k += sent[i].m.type == type;
+    }
+    return k;
+}
+
+static const ema__loc_t move_to[2] = {EMA_LOC(ME, D, 12), EMA_LOC(ME, D, 13)};
+
+/* Own segments 1 and 2 to free segments 12 and 13 of the own arena, as a
+ * move with no copy (the window's bytes are never read here). */
+static ema_status_t move_two(void)
+{
+    uint32_t idx[2] = {1, 2};
+    int64_t h[2]    = {arena->ops->seg_handle(arena, 12), arena->ops->seg_handle(arena, 13)};
+
+    ema__win_lock(win);
+    ema_status_t st = ema__win_move(win, idx, 2, -1, move_to, h, EMA_WIN_MOVE_NO_COPY);
+    ema__win_unlock(win);
+    return st;
+}
+
+EMA_TEST("races", test_move_that_cannot_tell_the_peer_returns_the_error)
+{
+    ema__win_part_t *own = &win->parts[ME];
+    ema__loc_t before[OWN_SEGS];
+    for (uint32_t i = 0; i < OWN_SEGS; i++) {
+        before[i] = atomic_load(&own->loc[i]);
+    }
+    uint64_t version = atomic_load(&own->version);
+
+    fail_type = EMA_WIN_MSG_UPDATE;
+    ck_assert_int_eq(move_two(), EMA_ERR_TRANSPORT);
+    /* The move itself is done and its old memory back: the peer acknowledged
+     * the invalidation and keeps the marks, so it never reads the old
+     * memory.  The version is spent once. */
+    ck_assert_uint_eq(atomic_load(&own->loc[0]), before[0]);
+    ck_assert_uint_eq(atomic_load(&own->loc[1]), move_to[0]);
+    ck_assert_uint_eq(atomic_load(&own->loc[2]), move_to[1]);
+    ck_assert_uint_eq(atomic_load(&own->loc[3]), before[3]);
+    ck_assert_uint_eq(atomic_load(&nreleased), 2);
+    ck_assert_int_eq(nsent_of(EMA_WIN_MSG_INVAL), 1);
+    ck_assert_uint_eq(atomic_load(&own->version), version + 1);
+
+    /* told, it goes through */
+    fail_type = 0;
+    uint32_t idx[1] = {1};
+    ema__loc_t home[1] = {before[1]};
+    int64_t h[1] = {arena->ops->seg_handle(arena, EMA_LOC_SEG(before[1]))};
+    ema__win_lock(win);
+    ck_assert_int_eq(ema__win_move(win, idx, 1, -1, home, h, EMA_WIN_MOVE_NO_COPY),
+                     EMA_SUCCESS);
+    ema__win_unlock(win);
+    const ema__loc_t *locs;
+    const ema_win_msg_t *upd = last_sent(EMA_WIN_MSG_UPDATE, &locs);
+    ck_assert_ptr_nonnull(upd);
+    ck_assert_uint_eq(upd->version, version + 2);
+    ck_assert_uint_eq(upd->first, 1);
+    ck_assert_uint_eq(upd->count, 1);
+    ck_assert_uint_eq(locs[0], before[1]);
+}
+END_TEST
+
+EMA_TEST("races", test_move_that_cannot_tell_the_peer_of_its_restore_stops)
+{
+    /* Segment 2 is acquired while the move marks it: the move puts both
+     * back where they were, to try again without it, but the peer cannot
+     * be told; a second pass would leave that peer waiting on marks of the
+     * first, so the move stops with the error. */
+    ema__win_part_t *own = &win->parts[ME];
+    ema__loc_t before[OWN_SEGS];
+    for (uint32_t i = 0; i < OWN_SEGS; i++) {
+        before[i] = atomic_load(&own->loc[i]);
+    }
+
+    hold_on_inval = 2;
+    fail_type     = EMA_WIN_MSG_UPDATE;
+    ck_assert_int_eq(move_two(), EMA_ERR_TRANSPORT);
+    for (uint32_t i = 0; i < OWN_SEGS; i++) {
+        ck_assert_uint_eq(atomic_load(&own->loc[i]), before[i]); /* in service, no MOVING */
+    }
+    ck_assert_int_eq(nsent_of(EMA_WIN_MSG_INVAL), 1);
+    ck_assert_uint_eq(atomic_load(&nreleased), 2); /* the targets went back */
+    atomic_store(&win->held[2], 0);
 }
 END_TEST
 

@@ -147,9 +147,11 @@ static void stub_mapped(void *arg, const ema__loc_t *locs, uint32_t n)
     (void)arg, (void)locs, (void)n;
 }
 
-static void stub_reclaim_for_self(void *arg, uint32_t need)
+static uint32_t stub_reclaim_for_self(void *arg, uint32_t need, ema__loc_t *locs,
+                                      int64_t *handles)
 {
-    (void)arg, (void)need;
+    (void)arg, (void)need, (void)locs, (void)handles;
+    return 0;
 }
 
 static void stub_changed(void *arg, unsigned what)

@@ -126,8 +126,8 @@ ema_status_t ema__win_restore(ema_win_h win, const uint32_t *first, const uint32
  * application (ema(7) MIGRATION), so it can run in any thread, the
  * application's own ema_progress and ema_barrier included.  The caller
  * looks at the table afterwards to see what did not move.  Returns
- * EMA_ERR_NO_MEMORY when no memory was found for some of the segments; the
- * error of an invalidation, a copy or a map (what it stopped stays where it
+ * EMA_ERR_NO_MEMORY when no memory was found for some of the segments (even
+ * if telling a peer failed too: that is logged); else the error of an invalidation, a copy or a map (what it stopped stays where it
  * was); or that of telling a peer where the segments are (EMA_ERR_TRANSPORT,
  * logged: the move is done, and that peer keeps them marked MOVING).
  */
@@ -327,7 +327,9 @@ out:
     free(count);
     free(pub);
     if (status == EMA_SUCCESS) {
-        status = (told == EMA_SUCCESS) ? found : told;
+        /* out of memory first: ema__win_recall refuses on it what it found
+         * unheld, and would park those segments on a telling error */
+        status = (found != EMA_SUCCESS) ? found : told;
     }
     return status;
 }

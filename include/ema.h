@@ -300,7 +300,9 @@ EMA_EXPORT ema_status_t ema_win_grow(ema_win_h win, size_t new_size);
  * then borrowed, held ones skipped (a migration: ema(7) MIGRATION; the
  * reclaim callback runs on the calling thread).  The data of the first
  * @a new_size bytes is kept.  Waits until every rank has stopped using the
- * dropped memory.
+ * dropped memory.  Never drops held memory: EMA_ERR_STATE, with the part
+ * unchanged, while a segment with bytes past @a new_size is held with
+ * ema_win_acquire() (release it first).
  */
 EMA_EXPORT ema_status_t ema_win_shrink(ema_win_h win, size_t new_size);
 
@@ -348,7 +350,8 @@ EMA_EXPORT ema_status_t ema_win_set_reclaim_cb(ema_win_h win, ema_reclaim_cb cb,
  * are and move the rest of their batch at once; a recalled segment moves
  * once released (a lender whose timeout expires first gets EMA_ERR_TIMEOUT).
  * Waits out a move already in progress, then pins.  Acquires nest (counted
- * per segment).  See ema(7) MIGRATION.
+ * per segment).  A held segment is never dropped: ema_win_shrink() fails
+ * with EMA_ERR_STATE while it is held.  See ema(7) MIGRATION.
  */
 EMA_EXPORT ema_status_t ema_win_acquire(ema_win_h win, size_t offset, size_t len);
 

@@ -250,7 +250,43 @@ EMA_EXPORT ema_status_t ema_win_shrink(ema_win_h win, size_t new_size)
     return status;
 }
 
-/* ema_win_shrink, its arguments checked. */
+/* Whether a segment of [first, end) of the own part is held (ema_win_acquire). */
+static int ema_win_any_held(ema_win_h win, uint32_t first, uint32_t end)
+{
+    for (uint32_t i = first; i < end; i++) {
+        if (atomic_load(&win->held[i]) > 0) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/*
+ * ema_win_shrink, its arguments checked.
+ *
+ * A shrink never cuts into a held segment: when a segment with bytes past
+ * @new_size is held with ema_win_acquire, it fails with EMA_ERR_STATE and
+ * changes nothing.  Dropping it would unmap memory the holder may be using
+ * (plain loads, stores, kernels: what acquire promises to keep in place),
+ * and the holder's release of its range, then outside the part, would fail
+ * with EMA_ERR_RANGE and leave the count positive for good; a grow would
+ * map that index again still "held", never to migrate, and a lender's
+ * recall of it would park until the lender's reclaim timed out.  Dropping
+ * the counts instead would let a late release (after a grow) take the
+ * count of somebody else's acquire.  Counts are per segment, so a kept
+ * segment that the new size cuts (its tail leaves the part) refuses too:
+ * its holder's range may reach past the new end.  The application releases
+ * first, as it would before freeing memory it hands out.
+ *
+ * An acquire on another thread races with the shrink as with a move: the
+ * segments that lose bytes, [cut, cur), are marked MOVING first (the
+ * dropped ones by the invalidation, the cut kept one here, in the own
+ * table only), then their held counts are read; an acquire counts first,
+ * then looks for MOVING (ema_win_hold), so one of the two sees the other.
+ * A count seen puts everything back as it was (EMA_ERR_STATE); an acquire
+ * that saw the mark waits, holding nothing, and fails with EMA_ERR_RANGE
+ * if its range left the part.
+ */
 static ema_status_t win_shrink(ema_win_h win, size_t new_size)
 {
     ema__win_ctx_t *ctx   = win->ctx;
@@ -263,16 +299,33 @@ static ema_status_t win_shrink(ema_win_h win, size_t new_size)
     uint32_t cur  = atomic_load(&part->nsegs);
     uint32_t keep = (uint32_t)((new_size + seg - 1) / seg);
     uint32_t drop = cur - keep;
-    /* the dropped locations, then the restore's publish buffer */
-    ema__loc_t *old = calloc(drop ? 2 * (size_t)drop : 1, sizeof(*old));
+    /* the first segment with bytes past new_size: keep - 1 where new_size
+     * cuts a segment, keep where it ends on a boundary, cur if nothing goes */
+    uint32_t cut = (new_size < atomic_load(&part->size)) ? (uint32_t)(new_size / seg) : cur;
+    uint32_t n   = cur - cut;
+    if (ema_win_any_held(win, cut, cur)) {
+        ema__win_unlock(win);
+        ema_debug("ema_win_shrink: window %u to %zu bytes: segments %u..%u are held: nothing "
+                  "changed", win->id, new_size, cut, cur - 1);
+        return EMA_ERR_STATE;
+    }
+    /* the locations of [cut, cur), then the publish buffer */
+    ema__loc_t *old = calloc(n ? 2 * (size_t)n : 1, sizeof(*old));
     if (old == NULL) {
         ema__win_unlock(win);
         return EMA_ERR_NO_MEMORY;
     }
+    for (uint32_t i = 0; i < n; i++) {
+        old[i] = atomic_load(&part->loc[cut + i]) & ~EMA_LOC_MOVING;
+    }
+    /* the cut kept segment: no peer need stop using it, but this rank's
+     * acquires must see the shrink (a peer that fetches the table meanwhile
+     * gets the mark, and the publish below clears it) */
+    for (uint32_t i = cut; i < keep; i++) {
+        atomic_fetch_or(&part->loc[i], EMA_LOC_MOVING);
+    }
+    status = EMA_SUCCESS;
     if (drop > 0) {
-        for (uint32_t i = 0; i < drop; i++) {
-            old[i] = atomic_load(&part->loc[keep + i]) & ~EMA_LOC_MOVING;
-        }
         /* nobody may use the dropped segments any more */
         status = ema__win_invalidate(win, keep, drop);
         if (status != EMA_SUCCESS) {
@@ -282,20 +335,38 @@ static ema_status_t win_shrink(ema_win_h win, size_t new_size)
              * for ever) */
             ema_error("ema_win_shrink: invalidating segments %u..%u of window %u failed (%s): "
                       "the part stays as it was", keep, cur - 1, win->id, ema_strerror(status));
-            ema__win_restore(win, &keep, &drop, 1, old, old + drop);
-            ema__win_unlock(win);
-            free(old);
-            return status;
         }
+    }
+    if (status == EMA_SUCCESS && ema_win_any_held(win, cut, cur)) {
+        /* acquired while we marked them: the acquire came first */
+        ema_debug("ema_win_shrink: window %u to %zu bytes: segments %u..%u acquired meanwhile: "
+                  "nothing changed", win->id, new_size, cut, cur - 1);
+        status = EMA_ERR_STATE;
+    }
+    if (status != EMA_SUCCESS) {
+        if (n > 0) {
+            ema__win_restore(win, &cut, &n, 1, old, old + n);
+        }
+        ema__win_unlock(win);
+        free(old);
+        return status;
+    }
+    if (drop > 0) {
         ema__win_seg_unmap(win, keep, drop);
     }
     atomic_store(&part->size, new_size);
     atomic_store(&part->nsegs, keep);
+    /* the cut segment back in service once the size says where the part
+     * ends: an acquire that waited on it checks its range again */
+    for (uint32_t i = cut; i < keep; i++) {
+        atomic_store(&part->loc[i], old[i - cut]);
+    }
     ema__win_policy_shrunk(win, keep); /* kept copies past the end go */
-    status = ema__win_publish(win, keep, 0, NULL); /* peers not told keep the marks */
+    /* peers not told keep the marks */
+    status = ema__win_publish(win, cut, keep - cut, old + n);
     ema__win_wanted_bytes(win); /* forgets the wanted segments dropped */
     ema__win_unlock(win);
-    ctx->mem_ops->release(ctx->mem_arg, old, drop);
+    ctx->mem_ops->release(ctx->mem_arg, old + (keep - cut), drop);
     free(old);
 
     /* What stays should live locally where there is room */
@@ -441,32 +512,44 @@ static ema_status_t ema_win_hold(ema_win_h win, size_t offset, size_t len, int d
                 return EMA_ERR_INVALID_PARAM; /* not acquired: change nothing */
             }
         }
-    }
-    for (uint32_t i = first; i <= last; i++) {
-        atomic_fetch_add(&win->held[i], delta);
-        /* A segment already being moved is not ours to hold until the move
-         * is over; the mover re-checks held after marking it (seq_cst on
-         * both sides), so one of the two always sees the other.  A shrink
-         * marks the segments it drops MOVING and leaves them so: once the
-         * range is no longer inside the part, the acquire fails, and gives
-         * back what it took of the range. */
-        while (delta > 0 && (atomic_load(&part->loc[i]) & EMA_LOC_MOVING)) {
+        for (uint32_t i = first; i <= last; i++) {
             atomic_fetch_sub(&win->held[i], 1);
-            if (!ema_win_range_in(part, offset, len)) {
-                for (uint32_t j = first; j < i; j++) {
-                    atomic_fetch_sub(&win->held[j], 1);
-                }
-                /* a recall that found them held meanwhile parked: no
-                 * release will wake it */
-                win->ctx->mem_ops->changed(win->ctx->mem_arg, EMA_WIN_CHANGED_RELEASED);
-                return EMA_ERR_RANGE;
-            }
-            ema_win_settle_t w = {part, &part->loc[i], offset, len};
-            ema__xport_wait_until(win->ctx->xp, EMA_WAIT_QUICK, 0, ema_win_settled, &w);
-            atomic_fetch_add(&win->held[i], 1);
         }
+        return EMA_SUCCESS;
     }
-    return EMA_SUCCESS;
+    /* Count each segment, then look whether it is being moved: the mover
+     * (a move, or a shrink) marks MOVING first and reads the counts after
+     * (seq_cst on both sides), so one of the two always sees the other.  A
+     * segment already being moved is not ours to hold until the move is
+     * over: give back every count taken (an acquire that waits holds
+     * nothing, so a shrink is not refused for it, and a recall may move
+     * the rest meanwhile), wait, and count again from the start.  A shrink
+     * marks the segments it drops MOVING and leaves them so, and marks the
+     * one it cuts until the new size is stored: once the range is no
+     * longer inside the part, the acquire fails, holding nothing.  The
+     * range is checked again once all is counted, for an acquire that
+     * checked it before a shrink and counts after it (ema_win_shrink). */
+    for (;;) {
+        uint32_t i, moving = 0;
+        for (i = first; i <= last && !moving; i++) {
+            atomic_fetch_add(&win->held[i], 1);
+            moving = (atomic_load(&part->loc[i]) & EMA_LOC_MOVING) != 0;
+        }
+        if (!moving && ema_win_range_in(part, offset, len)) {
+            return EMA_SUCCESS;
+        }
+        for (uint32_t j = first; j < i; j++) {
+            atomic_fetch_sub(&win->held[j], 1);
+        }
+        /* a recall that found them held meanwhile parked: no release will
+         * wake it */
+        win->ctx->mem_ops->changed(win->ctx->mem_arg, EMA_WIN_CHANGED_RELEASED);
+        if (!ema_win_range_in(part, offset, len)) {
+            return EMA_ERR_RANGE;
+        }
+        ema_win_settle_t w = {part, &part->loc[i - 1], offset, len};
+        ema__xport_wait_until(win->ctx->xp, EMA_WAIT_QUICK, 0, ema_win_settled, &w);
+    }
 }
 
 EMA_EXPORT ema_status_t ema_win_acquire(ema_win_h win, size_t offset, size_t len)

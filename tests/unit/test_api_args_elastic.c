@@ -219,6 +219,56 @@ EMA_TEST("elastic", test_acquire_release_outside_part_zero_length_or_unacquired_
 }
 END_TEST
 
+/* A shrink that would cut into a segment held with ema_win_acquire fails
+ * with EMA_ERR_STATE and changes nothing.  Dropped, the holder's memory
+ * would be unmapped under it, and its release of the range (then outside
+ * the part) would fail with EMA_ERR_RANGE, leaving the segment counted as
+ * held for good: a grow maps that index again still "held", so it never
+ * migrates, and a lender's recall of it waits out the reclaim's timeout.
+ * Holds are counted per segment: a held segment refuses a shrink that
+ * cuts into it even where the held range itself ends before the new size. */
+EMA_TEST("elastic", test_shrink_into_a_held_segment_rejected)
+{
+    uint8_t *base;
+    ema_mem_stat_t before = {0};
+    ema_win_h w = init_with_pattern(&base, &before);
+    size_t sz = 0;
+
+    ck_assert_int_eq(ema_win_acquire(w, 2 * SEG + 8, 16), EMA_SUCCESS); /* segment 2 */
+    ck_assert_int_eq(ema_win_shrink(w, SEG), EMA_ERR_STATE);
+    ck_assert_int_eq(ema_win_shrink(w, 0), EMA_ERR_STATE);
+    ck_assert_int_eq(ema_win_shrink(w, 2 * SEG), EMA_ERR_STATE);
+    ck_assert_int_eq(ema_win_shrink(w, 2 * SEG + 4), EMA_ERR_STATE);   /* into the range */
+    ck_assert_int_eq(ema_win_shrink(w, 2 * SEG + 100), EMA_ERR_STATE); /* past it, same segment */
+    assert_unchanged(w, base, &before);
+    ck_assert_int_eq(ema_win_release(w, 2 * SEG + 8, 16), EMA_SUCCESS);
+
+    /* the last segment, partly in the part: a shrink inside it */
+    ck_assert_int_eq(ema_win_acquire(w, 3 * SEG, 8), EMA_SUCCESS);
+    ck_assert_int_eq(ema_win_shrink(w, 3 * SEG + 50), EMA_ERR_STATE);
+    assert_unchanged(w, base, &before);
+    ck_assert_int_eq(ema_win_shrink(w, WSIZE), EMA_SUCCESS); /* to its size: cuts nothing */
+    ck_assert_int_eq(ema_win_release(w, 3 * SEG, 8), EMA_SUCCESS);
+    assert_unchanged(w, base, &before);
+
+    /* held segments below the new end are no obstacle; the release works */
+    ck_assert_int_eq(ema_win_acquire(w, 0, 2 * SEG), EMA_SUCCESS);
+    ck_assert_int_eq(ema_win_shrink(w, 2 * SEG), EMA_SUCCESS);
+    ck_assert_int_eq(ema_win_size(w, 0, &sz), EMA_SUCCESS);
+    ck_assert_uint_eq(sz, 2 * SEG);
+    for (size_t i = 0; i < 2 * SEG; i++) {
+        ck_assert_msg(base[i] == pat(i), "shrink lost byte %zu", i);
+    }
+    ck_assert_int_eq(ema_win_release(w, 0, 2 * SEG), EMA_SUCCESS);
+    /* grown again, the segments past 2 * SEG are not held */
+    ck_assert_int_eq(ema_win_grow(w, WSIZE), EMA_SUCCESS);
+    ck_assert_int_eq(ema_win_release(w, 2 * SEG, 8), EMA_ERR_INVALID_PARAM);
+    ck_assert_int_eq(ema_win_release(w, 3 * SEG, 8), EMA_ERR_INVALID_PARAM);
+    ck_assert_int_eq(ema_win_shrink(w, 0), EMA_SUCCESS);
+    ck_assert_int_eq(ema_finalize(), EMA_SUCCESS);
+}
+END_TEST
+
 EMA_TEST("elastic", test_stat_calls_reject_null_output_and_report_the_window)
 {
     uint8_t *base;

@@ -451,6 +451,137 @@ EMA_TEST("races", test_shrink_whose_invalidation_fails_leaves_the_part_in_servic
 }
 END_TEST
 
+/* --- a shrink against the held counts ------------------------------------- */
+
+/* The own part's locations, to compare with after a call that must change
+ * nothing. */
+static void own_locs(ema__loc_t *locs)
+{
+    for (uint32_t i = 0; i < OWN_SEGS; i++) {
+        locs[i] = atomic_load(&win->parts[ME].loc[i]);
+    }
+}
+
+/* The part as @before, every segment in service, and that published for
+ * the segments from @first: a rank that marked them uses them again. */
+static void assert_part_as_before(const ema__loc_t *before, uint64_t version, uint32_t first)
+{
+    ema__win_part_t *own = &win->parts[ME];
+    ck_assert_uint_eq(atomic_load(&own->size), OWN_SEGS * SEG);
+    ck_assert_uint_eq(atomic_load(&own->nsegs), OWN_SEGS);
+    for (uint32_t i = 0; i < OWN_SEGS; i++) {
+        ck_assert_msg(atomic_load(&own->loc[i]) == before[i],
+                      "segment %u left at %#llx, was %#llx", i,
+                      (unsigned long long)atomic_load(&own->loc[i]),
+                      (unsigned long long)before[i]);
+    }
+    ck_assert_uint_eq(atomic_load(&nreleased), 0);
+    const ema__loc_t *locs;
+    const ema_win_msg_t *upd = last_sent(EMA_WIN_MSG_UPDATE, &locs);
+    ck_assert_ptr_nonnull(upd);
+    ck_assert_uint_eq(upd->first, first);
+    ck_assert_uint_eq(upd->count, OWN_SEGS - first);
+    ck_assert_uint_eq(upd->size, OWN_SEGS * SEG);
+    ck_assert_uint_eq(upd->nsegs, OWN_SEGS);
+    ck_assert_uint_gt(upd->version, version);
+    for (uint32_t i = first; i < OWN_SEGS; i++) {
+        ck_assert_uint_eq(locs[i - first], before[i]);
+    }
+}
+
+EMA_TEST("races", test_shrink_that_finds_a_dropped_segment_acquired_meanwhile_changes_nothing)
+{
+    /* An acquire on another thread counts segment 2 before the shrink marks
+     * it, so it pins it: the shrink, which reads the counts after marking,
+     * must see it, put the part back in service and fail. */
+    ema__loc_t before[OWN_SEGS];
+    own_locs(before);
+    uint64_t version = atomic_load(&win->parts[ME].version);
+
+    hold_on_inval = 2;
+    ck_assert_int_eq(ema_win_shrink(win, SEG), EMA_ERR_STATE);
+    assert_part_as_before(before, version, 1);
+    ck_assert_int_eq(atomic_load(&win->held[2]), 1);
+
+    /* released, the shrink goes through */
+    ck_assert_int_eq(ema_win_release(win, 2 * SEG, SEG), EMA_SUCCESS);
+    ck_assert_int_eq(ema_win_shrink(win, SEG), EMA_SUCCESS);
+    ck_assert_uint_eq(atomic_load(&win->parts[ME].size), SEG);
+    ck_assert_uint_eq(atomic_load(&nreleased), OWN_SEGS - 1);
+}
+END_TEST
+
+EMA_TEST("races", test_shrink_that_finds_the_segment_it_cuts_acquired_meanwhile_changes_nothing)
+{
+    /* A shrink to the middle of segment 1 keeps it, but its tail leaves the
+     * part: a range held there could no longer be released.  It is marked
+     * too (in the own table only), and its count read with the others. */
+    ema__loc_t before[OWN_SEGS];
+    own_locs(before);
+    uint64_t version = atomic_load(&win->parts[ME].version);
+
+    hold_on_inval = 1;
+    ck_assert_int_eq(ema_win_shrink(win, SEG + 100), EMA_ERR_STATE);
+    assert_part_as_before(before, version, 1);
+    ck_assert_int_eq(ema_win_release(win, SEG, SEG), EMA_SUCCESS);
+
+    /* unheld, it goes through: the cut segment stays where it was, in
+     * service, and the update names it with the new size */
+    ck_assert_int_eq(ema_win_shrink(win, SEG + 100), EMA_SUCCESS);
+    ema__win_part_t *own = &win->parts[ME];
+    ck_assert_uint_eq(atomic_load(&own->size), SEG + 100);
+    ck_assert_uint_eq(atomic_load(&own->nsegs), 2);
+    ck_assert_uint_eq(atomic_load(&own->loc[1]), before[1]);
+    ck_assert_uint_eq(atomic_load(&nreleased), 2);
+    const ema__loc_t *locs;
+    const ema_win_msg_t *upd = last_sent(EMA_WIN_MSG_UPDATE, &locs);
+    ck_assert_ptr_nonnull(upd);
+    ck_assert_uint_eq(upd->first, 1);
+    ck_assert_uint_eq(upd->count, 1);
+    ck_assert_uint_eq(upd->size, SEG + 100);
+    ck_assert_uint_eq(upd->nsegs, 2);
+    ck_assert_uint_eq(locs[0], before[1]);
+
+    /* a shrink inside the last segment, none dropped: held, it is refused
+     * without a message; unheld, it goes through */
+    int sent0 = nsent;
+    ck_assert_int_eq(ema_win_acquire(win, SEG, 8), EMA_SUCCESS);
+    ck_assert_int_eq(ema_win_shrink(win, SEG + 50), EMA_ERR_STATE);
+    ck_assert_int_eq(nsent, sent0);
+    ck_assert_uint_eq(atomic_load(&own->size), SEG + 100);
+    ck_assert_uint_eq(atomic_load(&own->loc[1]), before[1]);
+    ck_assert_int_eq(ema_win_release(win, SEG, 8), EMA_SUCCESS);
+    ck_assert_int_eq(ema_win_shrink(win, SEG + 50), EMA_SUCCESS);
+    ck_assert_uint_eq(atomic_load(&own->size), SEG + 50);
+    ck_assert_uint_eq(atomic_load(&own->loc[1]), before[1]);
+}
+END_TEST
+
+EMA_TEST("races", test_acquire_waiting_on_a_move_holds_nothing)
+{
+    /* Segment 0 is free, segment 1 moving: while the acquire waits, it
+     * holds neither (a shrink or a recall is not held up by a call that has
+     * not returned); once the move is over it holds both. */
+    acquire_arg_t a = {.offset = 0, .len = 2 * SEG};
+    pthread_t t;
+
+    atomic_init(&a.done, 0);
+    mark_moving(1, 1);
+    ck_assert_int_eq(pthread_create(&t, NULL, acquire_thread, &a), 0);
+    nap_ms(100);
+    ck_assert_msg(!atomic_load(&a.done), "the acquire did not wait for the moving segment");
+    ck_assert_int_eq(atomic_load(&win->held[0]), 0);
+    ck_assert_int_eq(atomic_load(&win->held[1]), 0);
+    atomic_fetch_and(&win->parts[ME].loc[1], ~EMA_LOC_MOVING);
+    ck_assert(acquire_returns(&a, 5000));
+    pthread_join(t, NULL);
+    ck_assert_int_eq(a.status, EMA_SUCCESS);
+    ck_assert_int_eq(atomic_load(&win->held[0]), 1);
+    ck_assert_int_eq(atomic_load(&win->held[1]), 1);
+    ck_assert_int_eq(ema_win_release(win, 0, 2 * SEG), EMA_SUCCESS);
+}
+END_TEST
+
 /* --- a move whose UPDATE cannot be sent ---------------------------------- */
 
 /* The number of window messages of @type this rank sent. */

@@ -551,7 +551,8 @@ class Window:
 
     def shrink(self, new_size):
         """ema_win_shrink(3): shrink this rank's part, keeping the data of
-        the first new_size bytes.  GIL released."""
+        the first new_size bytes.  StateError, changing nothing, while a
+        segment past new_size is acquired (a pinned view).  GIL released."""
         check(_L.ema_win_shrink(self._handle(), parse_size(new_size, "new_size")),
               "ema_win_shrink")
 

@@ -30,7 +30,8 @@ no care.  See ema_win_set_reclaim_cb(3) and ema.notify.
 
 A View must not outlive its range: close views before shrinking the part
 below them or freeing the window (free() closes them; arrays made from them
-then point at unmapped memory).
+then point at unmapped memory).  A pinned view's segments cannot be shrunk
+away: shrink() raises StateError, changing nothing, until it is closed.
 """
 
 import ctypes

@@ -14,7 +14,9 @@
  * So an operation from R lands wholly in the old copy before it is copied,
  * or wholly in the new one.  A grown part is published with UPDATE alone; a
  * rank that sees an offset past its cached size asks the owner
- * (TABLE_REQ/TABLE_REP) before failing with EMA_ERR_RANGE.
+ * (TABLE_REQ/TABLE_REP) before failing with EMA_ERR_RANGE.  A rank an
+ * UPDATE could not reach gets the whole table with the next one
+ * (ema__win_publish).
  *
  * Every message is checked before it changes anything (ema_win_am, and
  * ema__win_update_check in segment_table.c): a peer invalidates, updates
@@ -537,7 +539,7 @@ ema_status_t ema__win_publish(ema_win_h win, uint32_t first, uint32_t count, ema
     ema__win_ctx_t *ctx = win->ctx;
     ema__win_part_t *p  = &win->parts[ctx->rank];
     ema_status_t status = EMA_SUCCESS;
-    ema_win_msg_t m;
+    ema_win_msg_t m, whole;
 
     /* An UPDATE is sent by the thread moving the segments (win->lock):
      * MOVING in the owner's table then only keeps the owner's own acquires
@@ -556,19 +558,52 @@ ema_status_t ema__win_publish(ema_win_h win, uint32_t first, uint32_t count, ema
     m.first   = first;
     m.count   = count;
     m.version = atomic_fetch_add(&p->version, 1) + 1;
+    /* A peer applies any newer version, and an UPDATE's size and segment
+     * count with only the locations of its range: on top of a version it
+     * missed (a grow's new segments, a move's new places, the marks of an
+     * invalidation to clear), a ranged UPDATE would give it a size whose
+     * segments it has no locations for (zeroes: rank 0's first segment),
+     * or leave marks that nothing clears.  So a peer a send failed to
+     * reach is marked behind, and gets the whole table, [0, nsegs), until
+     * one reaches it.  Each peer's UPDATEs leave in version order (under
+     * win->lock, one send completed before the next, on one ordered
+     * endpoint), so a peer not behind missed none.  The whole table is
+     * sent from the owner's table itself, stable under win->lock (only its
+     * holder writes it), as a TABLE_REP is: MOVING marks included.  A mark
+     * there is a segment this same hold of the lock publishes again before
+     * it ends (the other runs of a move, or a hand-over's range until its
+     * remap: migrate.c), so the peer waits a moment instead of reading old
+     * memory.  Segments past nsegs (a shrink's) are not sent: past the
+     * size, a peer never reads them. */
+    whole       = m;
+    whole.first = 0;
+    whole.count = m.nsegs;
     for (int r = 0; r < ctx->size; r++) {
-        if (r != ctx->rank && !ema__xport_peer_lost(ctx->xp, r)) {
-            ema_status_t st = ema_win_send(ctx, r, &m, buf, count);
-            if (st == EMA_ERR_PEER_LOST) {
-                continue; /* died meanwhile: it reads nothing any more */
-            }
-            if (st != EMA_SUCCESS && status == EMA_SUCCESS) {
-                ema_error("window %u: telling rank %d of the part's version %" PRIu64 " (%"
-                          PRIu64 " bytes; segments %u..%" PRIu64 ") failed (%s): it keeps the "
-                          "one it had", win->id, r, m.version, m.size, first,
-                          (uint64_t)first + count, ema_strerror(st));
-                status = st;
-            }
+        if (r == ctx->rank || ema__xport_peer_lost(ctx->xp, r)) {
+            continue;
+        }
+        ema__win_part_t *q = &win->parts[r];
+        ema_status_t st;
+        if (q->behind) {
+            st = ema_win_send(ctx, r, &whole, (const ema__loc_t *)p->loc, whole.count);
+        } else {
+            st = ema_win_send(ctx, r, &m, buf, count);
+        }
+        if (st == EMA_SUCCESS) {
+            q->behind = 0;
+            continue;
+        }
+        if (st == EMA_ERR_PEER_LOST) {
+            continue; /* died meanwhile: it reads nothing any more */
+        }
+        q->behind = 1;
+        if (status == EMA_SUCCESS) {
+            ema_error("window %u: telling rank %d of the part's version %" PRIu64 " (%" PRIu64
+                      " bytes; segments %u..%" PRIu64 ") failed (%s): it keeps the one it had "
+                      "until a later version reaches it, with the whole table", win->id, r,
+                      m.version, m.size, first,
+                      (uint64_t)first + count, ema_strerror(st));
+            status = st;
         }
     }
     return status;

@@ -124,7 +124,8 @@ EMA_EXPORT ema_status_t ema_win_grow(ema_win_h win, size_t new_size)
     ctx->mem_ops->mapped(ctx->mem_arg, locs, want);
     /* locs, no longer needed, is the publish's buffer: allocated before
      * the part changed.  A peer not told learns the new size when it
-     * addresses it (ema__win_fetch). */
+     * addresses it (ema__win_fetch), or from the next publish, which
+     * sends it the whole table. */
     status = ema__win_publish(win, cur, want, locs);
     ema__win_unlock(win);
     goto out;
@@ -362,7 +363,8 @@ static ema_status_t win_shrink(ema_win_h win, size_t new_size)
         atomic_store(&part->loc[i], old[i - cut]);
     }
     ema__win_policy_shrunk(win, keep); /* kept copies past the end go */
-    /* peers not told keep the marks */
+    /* peers not told keep the marks, until a later publish sends them the
+     * whole table */
     status = ema__win_publish(win, cut, keep - cut, old + n);
     ema__win_wanted_bytes(win); /* forgets the wanted segments dropped */
     ema__win_unlock(win);

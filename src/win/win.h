@@ -104,6 +104,11 @@ typedef struct ema__win_part {
     _Atomic uint32_t   nsegs;
     uint32_t           max_segs;
     _Atomic ema__loc_t *loc;     /* [max_segs], allocated once */
+    /* The owner's side, in its own window, under win->lock: rank r (this
+     * part's index) missed a version of the owner's own part (a publish
+     * could not reach it), so its next UPDATE carries the whole table
+     * (coherence.c ema__win_publish). */
+    uint8_t            behind;
 } ema__win_part_t;
 
 typedef struct ema__win_stats {
@@ -686,9 +691,12 @@ ema_status_t ema__win_invalidate_runs(ema_win_h win, const uint32_t *first,
  * to every rank (after a grow, shrink or move), as its next version.  @buf
  * has room for @count locations (NULL if 0): the caller allocates it before
  * it changes the table, so that the publish cannot fail for memory once
- * the change is made.  An error: a send to a live peer failed (logged; the
- * others were still sent, and the version is spent), and that peer keeps
- * its old table of the range, MOVING marks included.  Requires win->lock. */
+ * the change is made.  A rank that missed an earlier version (marked
+ * behind) gets the whole table instead, from the owner's table itself.
+ * An error: a send to a live peer failed (logged; the others were still
+ * sent, and the version is spent), and that peer keeps its old table,
+ * MOVING marks included, until a later publish reaches it with the whole
+ * table.  Requires win->lock. */
 ema_status_t ema__win_publish(ema_win_h win, uint32_t first, uint32_t count, ema__loc_t *buf)
     EMA_REQUIRES(win->lock);
 /* Fetch @part's table from its owner, when an offset falls past the cached

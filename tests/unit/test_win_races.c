@@ -14,7 +14,8 @@
  *   bytes no test touches (so not mapped there but by a move's remap), and
  *   the peer's part of PEER_SEGS segments of its memory (its arena's
  *   export is this one's).
- * - The memory provider (ctx->mem_ops) is a stub: it finds nothing, and
+ * - The memory provider (ctx->mem_ops) is a stub: it finds nothing (but
+ *   the free segments of this rank's arena a test allows, stub_give), and
  *   counts what comes back.
  * - ema__state says ready, so that the public calls run.
  */
@@ -128,12 +129,24 @@ static const ema_win_msg_t *last_sent(uint32_t type, const ema__loc_t **locs_p)
 
 static atomic_uint nreleased;    /* segments given back */
 static atomic_uint nchanged_rel; /* EMA_WIN_CHANGED_RELEASED calls */
+static uint32_t stub_give;       /* segments of the own arena acquire may still hand out */
 
 static uint32_t stub_acquire(void *arg, uint32_t want, int exclude, unsigned sources,
                              ema__loc_t *locs, int64_t *handles)
 {
-    (void)arg, (void)want, (void)exclude, (void)sources, (void)locs, (void)handles;
-    return 0;
+    uint32_t segs[NSEGS];
+    uint32_t n = (want < stub_give) ? want : stub_give;
+
+    (void)arg, (void)exclude, (void)sources;
+    if (n == 0 || ema__seg_pool_alloc(&arena->pool, n, EMA_SEG_USED, segs) != EMA_SUCCESS) {
+        return 0;
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        locs[i]    = EMA_LOC(ME, D, segs[i]);
+        handles[i] = arena->ops->seg_handle(arena, segs[i]);
+    }
+    stub_give -= n;
+    return n;
 }
 
 static void stub_release(void *arg, const ema__loc_t *locs, uint32_t n)
@@ -220,6 +233,7 @@ static void setup(void)
     nsent         = 0;
     fail_type     = 0;
     hold_on_inval = -1;
+    stub_give     = 0;
     atomic_store(&nreleased, 0);
     atomic_store(&nchanged_rel, 0);
     win_up();
@@ -631,7 +645,8 @@ EMA_TEST("races", test_move_that_cannot_tell_the_peer_returns_the_error)
     ck_assert_int_eq(nsent_of(EMA_WIN_MSG_INVAL), 1);
     ck_assert_uint_eq(atomic_load(&own->version), version + 1);
 
-    /* told, it goes through */
+    /* told, it goes through: the whole table, since the peer missed the
+     * version before it (segments 1 and 2 are still marked there) */
     fail_type = 0;
     uint32_t idx[1] = {1};
     ema__loc_t home[1] = {before[1]};
@@ -644,9 +659,12 @@ EMA_TEST("races", test_move_that_cannot_tell_the_peer_returns_the_error)
     const ema_win_msg_t *upd = last_sent(EMA_WIN_MSG_UPDATE, &locs);
     ck_assert_ptr_nonnull(upd);
     ck_assert_uint_eq(upd->version, version + 2);
-    ck_assert_uint_eq(upd->first, 1);
-    ck_assert_uint_eq(upd->count, 1);
-    ck_assert_uint_eq(locs[0], before[1]);
+    ck_assert_uint_eq(upd->first, 0);
+    ck_assert_uint_eq(upd->count, OWN_SEGS);
+    ck_assert_uint_eq(locs[0], before[0]);
+    ck_assert_uint_eq(locs[1], before[1]);
+    ck_assert_uint_eq(locs[2], move_to[1]);
+    ck_assert_uint_eq(locs[3], before[3]);
 }
 END_TEST
 
@@ -671,6 +689,175 @@ EMA_TEST("races", test_move_that_cannot_tell_the_peer_of_its_restore_stops)
     ck_assert_int_eq(nsent_of(EMA_WIN_MSG_INVAL), 1);
     ck_assert_uint_eq(atomic_load(&nreleased), 2); /* the targets went back */
     atomic_store(&win->held[2], 0);
+}
+END_TEST
+
+/* --- a peer that missed an UPDATE ------------------------------------------ */
+
+/* The peer's cache of this rank's part, as ema_win_am keeps it: each
+ * UPDATE this rank sent it, checked and applied in order; an INVAL marks
+ * its run, as ema__win_inval_local does there. */
+static struct ema_win *view;
+
+static void view_up(void)
+{
+    ema__win_part_t *own = &win->parts[ME];
+
+    view = calloc(1, sizeof(*view));
+    ck_assert_ptr_nonnull(view);
+    view->ctx   = &ctx;
+    view->id    = WIN_ID;
+    view->parts = calloc(NRANKS, sizeof(*view->parts));
+    ck_assert_ptr_nonnull(view->parts);
+    ema__win_part_t *v = &view->parts[ME];
+    v->max_segs = own->max_segs;
+    v->loc      = calloc(own->max_segs, sizeof(ema__loc_t));
+    ck_assert_ptr_nonnull(v->loc);
+    for (uint32_t i = 0; i < own->max_segs; i++) {
+        atomic_init(&v->loc[i], atomic_load(&own->loc[i]));
+    }
+    atomic_init(&v->nsegs, atomic_load(&own->nsegs));
+    atomic_init(&v->size, atomic_load(&own->size));
+    atomic_init(&v->version, atomic_load(&own->version));
+}
+
+static void view_down(void)
+{
+    free(view->parts[ME].loc);
+    free(view->parts);
+    free(view);
+}
+
+/* The peer receives what this rank sent it from message @from on. */
+static int view_receive(int from)
+{
+    ema__win_part_t *v = &view->parts[ME];
+    for (int i = from; i < nsent; i++) {
+        const ema_win_msg_t *m = &sent[i].m;
+        if (m->type == EMA_WIN_MSG_INVAL) {
+            for (uint32_t k = m->first; k < m->first + m->count; k++) {
+                atomic_fetch_or(&v->loc[k], EMA_LOC_MOVING);
+            }
+        } else if (m->type == EMA_WIN_MSG_UPDATE) {
+            ck_assert(ema__win_update_check(view, ME, m->size, m->nsegs, m->first, m->count,
+                                            sent[i].locs));
+            ema__win_apply_update(view, ME, m->version, m->size, m->nsegs, m->first, m->count,
+                                  m->count > 0 ? sent[i].locs : NULL);
+        }
+    }
+    return nsent;
+}
+
+/* The peer's cache is the owner's table: size, segments, every location
+ * (marks are the owner's, or an invalidation's the peer acknowledged). */
+static void view_is_current(void)
+{
+    ema__win_part_t *own = &win->parts[ME], *v = &view->parts[ME];
+    ck_assert_uint_eq(atomic_load(&v->size), atomic_load(&own->size));
+    ck_assert_uint_eq(atomic_load(&v->nsegs), atomic_load(&own->nsegs));
+    ck_assert_uint_eq(atomic_load(&v->version), atomic_load(&own->version));
+    for (uint32_t i = 0; i < atomic_load(&own->nsegs); i++) {
+        ck_assert_msg(atomic_load(&v->loc[i]) == atomic_load(&own->loc[i]),
+                      "the peer has segment %u at %#llx, the owner at %#llx", i,
+                      (unsigned long long)atomic_load(&v->loc[i]),
+                      (unsigned long long)atomic_load(&own->loc[i]));
+    }
+}
+
+/* Own segment @i to free segment @to of the own arena, as a move with no
+ * copy. */
+static ema_status_t move_one(uint32_t i, uint32_t to)
+{
+    uint32_t idx[1]   = {i};
+    ema__loc_t loc[1] = {EMA_LOC(ME, D, to)};
+    int64_t h[1]      = {arena->ops->seg_handle(arena, to)};
+
+    ema__win_lock(win);
+    ema_status_t st = ema__win_move(win, idx, 1, -1, loc, h, EMA_WIN_MOVE_NO_COPY);
+    ema__win_unlock(win);
+    return st;
+}
+
+EMA_TEST("races", test_peer_that_missed_a_grow_gets_the_whole_table_next)
+{
+    /* The grow's UPDATE (segments 4..5) cannot reach the peer; a later
+     * move of segment 0 publishes the next version.  A ranged UPDATE of
+     * segment 0 alone would give the peer the grown size with no
+     * locations for segments 4 and 5 (zeroes: rank 0's device segment 0),
+     * and its puts there would land in that segment. */
+    view_up();
+    stub_give = 2;
+    fail_type = EMA_WIN_MSG_UPDATE;
+    ck_assert_int_eq(ema_win_grow(win, (OWN_SEGS + 2) * SEG), EMA_ERR_TRANSPORT);
+    fail_type = 0;
+    ck_assert_uint_eq(atomic_load(&win->parts[ME].nsegs), OWN_SEGS + 2);
+    int seen = view_receive(0);
+    ck_assert_uint_eq(atomic_load(&view->parts[ME].size), OWN_SEGS * SEG); /* its old view */
+
+    ck_assert_int_eq(move_one(0, 12), EMA_SUCCESS);
+    seen = view_receive(seen);
+    view_is_current();
+    const ema_win_msg_t *upd = last_sent(EMA_WIN_MSG_UPDATE, NULL);
+    ck_assert_ptr_nonnull(upd);
+    ck_assert_uint_eq(upd->first, 0);
+    ck_assert_uint_eq(upd->count, OWN_SEGS + 2); /* the whole table */
+
+    /* caught up: the next one is ranged again */
+    ck_assert_int_eq(move_one(1, 13), EMA_SUCCESS);
+    upd = last_sent(EMA_WIN_MSG_UPDATE, NULL);
+    ck_assert_uint_eq(upd->first, 1);
+    ck_assert_uint_eq(upd->count, 1);
+    view_receive(seen);
+    view_is_current();
+    view_down();
+}
+END_TEST
+
+EMA_TEST("races", test_peer_that_missed_a_move_loses_its_marks_at_the_next_change)
+{
+    /* The move's UPDATE cannot reach the peer, which keeps the marks of
+     * the invalidation it acknowledged; a later move of another segment
+     * must clear them there, or the peer's operations on them wait for
+     * ever. */
+    view_up();
+    fail_type = EMA_WIN_MSG_UPDATE;
+    ck_assert_int_eq(move_two(), EMA_ERR_TRANSPORT);
+    fail_type = 0;
+    int seen = view_receive(0);
+    ck_assert(atomic_load(&view->parts[ME].loc[1]) & EMA_LOC_MOVING);
+    ck_assert(atomic_load(&view->parts[ME].loc[2]) & EMA_LOC_MOVING);
+
+    ck_assert_int_eq(move_one(3, 14), EMA_SUCCESS);
+    view_receive(seen);
+    view_is_current();
+    for (uint32_t i = 0; i < OWN_SEGS; i++) {
+        ck_assert(!(atomic_load(&view->parts[ME].loc[i]) & EMA_LOC_MOVING));
+    }
+    view_down();
+}
+END_TEST
+
+EMA_TEST("races", test_peer_that_missed_a_shrink_learns_the_size_at_the_next_change)
+{
+    /* The shrink's UPDATE (no locations) cannot reach the peer, which
+     * keeps the old size, the dropped segments marked: its operations on
+     * them wait.  A later move of segment 0 must tell it the new size (so
+     * that they fail with EMA_ERR_RANGE), and the grow back to the old
+     * size the new memory there. */
+    view_up();
+    fail_type = EMA_WIN_MSG_UPDATE;
+    ck_assert_int_eq(ema_win_shrink(win, 2 * SEG), EMA_ERR_TRANSPORT);
+    fail_type = 0;
+    int seen = view_receive(0);
+    ck_assert_uint_eq(atomic_load(&view->parts[ME].size), OWN_SEGS * SEG);
+    ck_assert_int_eq(move_one(0, 12), EMA_SUCCESS);
+    seen = view_receive(seen);
+    view_is_current();
+    stub_give = 2;
+    ck_assert_int_eq(ema_win_grow(win, OWN_SEGS * SEG), EMA_SUCCESS);
+    view_receive(seen);
+    view_is_current();
+    view_down();
 }
 END_TEST
 

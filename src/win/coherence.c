@@ -261,7 +261,9 @@ static int ema_win_request_ok(ema__win_ctx_t *ctx, int src, const ema_win_msg_t 
             return 0;
         }
         ema_win_h win = ema__win_find(ctx, m->win_id);
-        return win == NULL || ema_win_inval_fits(win, m); /* unknown: acknowledged */
+        int ok = win == NULL || ema_win_inval_fits(win, m); /* unknown: acknowledged */
+        ema__win_put(win);
+        return ok;
     }
     if (m->type == EMA_WIN_MSG_TABLE_REQ) {
         if (m->part != ctx->rank) {
@@ -298,6 +300,8 @@ static void ema_win_job(void *arg)
         ema__xport_defer(ctx->xp, EMA_JOB_QUICK, ema_win_job, job); /* see ema_win_in_amo */
         return;
     }
+    /* A reference to its tables until the end of the job: the owner may
+     * free the window meanwhile (ema__win_put, win.h) */
     ema_win_h win = ema__win_find(ctx, m->win_id);
 
     memset(&reply, 0, sizeof(reply));
@@ -308,12 +312,15 @@ static void ema_win_job(void *arg)
         /* checked when it came (ema_win_request_ok); the window may have
          * become known since */
         if (win != NULL && !ema_win_inval_fits(win, m)) {
+            ema__win_put(win);
             free(job);
             return;
         }
         if (win != NULL) {
             ema__win_inval_local(ctx, win, m->part, m->first, m->count);
         }
+        ema__win_put(win); /* before the send: it may progress, and wait */
+        win = NULL;
         reply.type = EMA_WIN_MSG_ACK; /* acknowledge even an unknown window */
         ema_win_send(ctx, job->src, &reply, NULL, 0);
     } else if (m->type == EMA_WIN_MSG_TABLE_REQ) {
@@ -338,6 +345,8 @@ static void ema_win_job(void *arg)
             } while (locs != NULL && (atomic_load(&p->version) != reply.version ||
                                       reply.size > (uint64_t)reply.nsegs * ctx->seg_size));
         }
+        ema__win_put(win); /* the snapshot is a copy */
+        win = NULL;
         ema_win_send(ctx, job->src, &reply, locs, locs ? reply.count : 0);
         free(locs);
     } else if (m->type == EMA_WIN_MSG_AMO) {
@@ -346,6 +355,7 @@ static void ema_win_job(void *arg)
                                                   m->arg[1], m->arg[2], &reply.arg[0]);
         ema_win_send(ctx, job->src, &reply, NULL, 0);
     }
+    ema__win_put(win); /* an AMO's: it names no window */
     free(job);
 }
 
@@ -405,6 +415,7 @@ static void ema_win_am(void *arg, int src, const void *data, size_t len)
             ema__win_apply_update(win, m.part, m.version, m.size, m.nsegs, m.first, m.count,
                                   m.count > 0 ? locs : NULL);
         }
+        ema__win_put(win);
         if (m.type == EMA_WIN_MSG_TABLE_REP) {
             ema_win_reply(ctx, src, &m, valid);
         }

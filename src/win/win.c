@@ -267,6 +267,59 @@ static void win_release_parts(ema__win_ctx_t *ctx, ema__win_part_t *parts)
     free(parts);
 }
 
+/* The bytes of @win's tables: each part's struct and locations, and the
+ * own part's held counts. */
+static size_t win_table_bytes(const ema__win_ctx_t *ctx, const struct ema_win *win)
+{
+    size_t b = (size_t)(unsigned)ctx->size * sizeof(*win->parts);
+    for (int r = 0; win->parts != NULL && r < ctx->size; r++) {
+        b += (size_t)win->parts[r].max_segs * sizeof(ema__loc_t);
+    }
+    if (win->parts != NULL) {
+        b += (size_t)win->parts[ctx->rank].max_segs * sizeof(*win->held);
+    }
+    return b;
+}
+
+/* A freed window leaves the live list: counted as a dead window whose
+ * tables are still in memory until its last reference goes (ema__win_put).
+ * Under ctx->lock, with the list's reference still held. */
+static void win_unlink_locked(ema__win_ctx_t *ctx, struct ema_win *win)
+{
+    for (struct ema_win **pp = &ctx->wins; *pp != NULL; pp = &(*pp)->next) {
+        if (*pp == win) {
+            *pp = win->next;
+            break;
+        }
+    }
+    atomic_fetch_add(&ctx->dead_tables, 1);
+    atomic_fetch_add(&ctx->dead_table_bytes, win_table_bytes(ctx, win));
+}
+
+void ema__win_put(ema_win_h win)
+{
+    if (win == NULL) {
+        return;
+    }
+    int was = atomic_fetch_sub(&win->refs, 1);
+    EMA_ASSERT(was > 0, "window %u: a reference dropped that was not taken", win->id);
+    if (was != 1) {
+        return;
+    }
+    /* The last reference of a window that is unlinked already (the list
+     * holds one while it is linked): no lookup can find it any more, so
+     * nobody else reads the tables.  The acquire-release of the count
+     * orders every holder's use of them before this free. */
+    ema__win_ctx_t *ctx = win->ctx;
+    size_t bytes = win_table_bytes(ctx, win);
+    win_release_parts(ctx, win->parts);
+    free(win->held);
+    win->parts = NULL;
+    win->held  = NULL;
+    atomic_fetch_sub(&ctx->dead_table_bytes, bytes);
+    atomic_fetch_sub(&ctx->dead_tables, 1);
+}
+
 void ema__win_ctx_cleanup(ema__win_ctx_t *ctx)
 {
     /* Windows still live at finalize were freed by the runtime first; only
@@ -275,8 +328,8 @@ void ema__win_ctx_cleanup(ema__win_ctx_t *ctx)
         struct ema_win *w = ctx->dead;
         ctx->dead = w->dead_next;
         pthread_mutex_destroy(&w->lock); /* kept alive for ema__win_recall's walk */
-        /* the tables too: a late peer's job may have found the window
-         * before it was unlinked (ema__win_free) */
+        /* NULL once the last reference went (ema__win_put), as it has
+         * unless a lookup's holder never dropped it */
         win_release_parts(ctx, w->parts);
         free(w->held);
         free(w);
@@ -310,6 +363,12 @@ ema_win_h ema__win_find(ema__win_ctx_t *ctx, uint32_t id)
     ema_win_h w;
     pthread_mutex_lock(&ctx->lock);
     for (w = ctx->wins; w != NULL && w->id != id; w = w->next) {
+    }
+    if (w != NULL) {
+        /* under ctx->lock, on a linked window: the list's reference is
+         * there, so the count is not 0 and the tables are not going */
+        int was = atomic_fetch_add(&w->refs, 1);
+        EMA_ASSERT(was > 0, "window %u linked without the list's reference", w->id);
     }
     pthread_mutex_unlock(&ctx->lock);
     return w;
@@ -430,6 +489,7 @@ ema_status_t ema__win_allocate(ema__win_ctx_t *ctx, ema_status_t arg, size_t siz
         goto exchange;
     }
     win->ctx      = ctx;
+    atomic_init(&win->refs, 1); /* the list's, from the link on */
     win->reserved = (size_t)max_segs * seg;
     win->held     = calloc(max_segs ? max_segs : 1, sizeof(*win->held));
     win->parts    = calloc((size_t)(unsigned)ctx->size, sizeof(*win->parts));
@@ -542,12 +602,7 @@ exchange:
         ema__win_lock(win);
         win->magic = EMA_WIN_MAGIC_DEAD;
         pthread_mutex_lock(&ctx->lock);
-        for (struct ema_win **pp = &ctx->wins; *pp != NULL; pp = &(*pp)->next) {
-            if (*pp == win) {
-                *pp = win->next;
-                break;
-            }
-        }
+        win_unlink_locked(ctx, win);
         pthread_mutex_unlock(&ctx->lock);
         ema__win_unlock(win);
         linked = 1;
@@ -569,7 +624,7 @@ err_unmap:
         ema__xport_free_blobs(ctx->xp, blobs, lens);
     }
     if (win != NULL) {
-        /* a linked window keeps its tables until ema__win_ctx_cleanup: a
+        /* a linked window's tables go with its last reference (below): a
          * message handler that found it before the unlink may still read
          * them (the failed barrier means messages may be in flight) */
         if (!linked) {
@@ -596,11 +651,12 @@ err_unmap:
     }
     free(segs);
     free(desc);
-    if (linked) { /* kept, with its lock, until ema__win_ctx_cleanup */
+    if (linked) { /* the handle kept, with its lock, until ema__win_ctx_cleanup */
         pthread_mutex_lock(&ctx->lock);
         win->dead_next = ctx->dead;
         ctx->dead      = win;
         pthread_mutex_unlock(&ctx->lock);
+        ema__win_put(win); /* the list's: the tables go unless a lookup holds them */
     } else {
         free(win);
     }
@@ -627,12 +683,7 @@ ema_status_t ema__win_free(ema__win_ctx_t *ctx, ema_win_h win)
     ema__win_lock(win);
     win->magic = EMA_WIN_MAGIC_DEAD;
     pthread_mutex_lock(&ctx->lock);
-    for (struct ema_win **pp = &ctx->wins; *pp != NULL; pp = &(*pp)->next) {
-        if (*pp == win) {
-            *pp = win->next;
-            break;
-        }
-    }
+    win_unlink_locked(ctx, win); /* no lookup finds it from here on */
     pthread_mutex_unlock(&ctx->lock);
 
     uint32_t n = atomic_load(&own->nsegs);
@@ -658,22 +709,28 @@ ema_status_t ema__win_free(ema__win_ctx_t *ctx, ema_win_h win)
     win->stats.nwanted = win->stats.wanted_cap = 0;
     win->base = NULL;
     ema__win_unlock(win);
-    /* What stays until ema__win_ctx_cleanup, as for an allocation whose
-     * closing barrier failed:
-     * - win->lock: a recall walking the list may still lock this window,
-     *   then sees it dead and skips it (locking a destroyed mutex is
-     *   undefined);
-     * - the tables (parts, held): a peer's recall may move its part after
-     *   the first barrier above, and its INVAL job (the progress thread) or
-     *   UPDATE (a UCX callback) that looked the window up before the
-     *   unlink still marks or writes parts[src].loc.  Once unlinked, a
-     *   lookup finds nothing: a later INVAL is acknowledged, a later
-     *   UPDATE dropped.  Until ema_finalize they cost 8 bytes per segment
-     *   of each part's max_size, and 4 per segment of the own part's. */
+    /* The handle (struct ema_win, with win->lock) stays until
+     * ema__win_ctx_cleanup, as for an allocation whose closing barrier
+     * failed: a recall walking the list may still lock this window, then
+     * sees it dead and skips it (locking a destroyed mutex is undefined),
+     * and a stale handle is recognised.
+     *
+     * The tables (parts, held) go with their last reference: a peer's
+     * recall may move its part after the first barrier above, and its INVAL
+     * job (the progress thread, or any thread's wait) or UPDATE (a UCX
+     * callback) that looked the window up before the unlink still marks or
+     * writes parts[src].loc, under the reference ema__win_find gave it.
+     * Once unlinked, a lookup finds nothing (a later INVAL is
+     * acknowledged, a later UPDATE dropped), so no reference is taken any
+     * more; this drops the list's, after this function's own last use of
+     * the tables, and whoever drops the last frees them.  Nothing here
+     * waits for a holder: a job may run on this very thread, inside a wait
+     * above. */
     pthread_mutex_lock(&ctx->lock);
     win->dead_next = ctx->dead;
     ctx->dead      = win;
     pthread_mutex_unlock(&ctx->lock);
+    ema__win_put(win);
     /* Borrowed segments went back to their lenders above, each with an
      * active message handled on arrival.  The barrier is all-to-all, and
      * each rank's barrier message to a lender follows its give-backs on the

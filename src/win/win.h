@@ -237,6 +237,12 @@ typedef struct ema__win_ctx {
     struct ema_win    *wins;      /* live windows */
     struct ema_win    *dead;      /* freed handles, kept until finalize so a
                                      stale handle is detected, not followed */
+    /* Tables (parts, held) of freed windows still in memory, because a
+     * lookup (ema__win_find) still holds the window: how many, and their
+     * bytes.  0 whenever no message handler or job is running; tests read
+     * them. */
+    atomic_size_t      dead_tables;
+    atomic_size_t      dead_table_bytes;
     uint32_t           next_id;
     /* Where segments come from and go back to: the lending pool, a layer
      * above, registers it at init (ema__pool_init). */
@@ -273,7 +279,13 @@ struct ema_win {
     ema__win_ctx_t  *ctx;
     void            *base;     /* own part */
     size_t           reserved; /* address space reserved at base */
-    ema__win_part_t *parts;    /* [size] */
+    ema__win_part_t *parts;    /* [size]; NULL once freed and unreferenced */
+    /* References to the tables (parts, held): 1 for the list while the
+     * window is linked, 1 for each ema__win_find not yet matched by its
+     * ema__win_put.  Taken only under ctx->lock on a linked window, so once
+     * ema__win_free has unlinked it and dropped the list's, the count only
+     * falls; whoever drops the last frees the tables (ema__win_put). */
+    atomic_int       refs;
     struct ema_win  *next;
     struct ema_win  *dead_next; /* ctx->dead, once freed (next stays as it was) */
 
@@ -504,7 +516,14 @@ int          ema__win_desc_check(const ema__win_ctx_t *ctx, int r, const void *b
 /* Collective: flush, barrier, then unmap the own part and give its
  * borrowed and spilled segments back (ctx->mem_ops). */
 ema_status_t ema__win_free(ema__win_ctx_t *ctx, ema_win_h win) EMA_EXCLUDES(win->lock);
+/* The live window @id, NULL if none, with a reference to its tables that
+ * the caller drops with ema__win_put once it is done with them: a message
+ * handler or job (an INVAL, an UPDATE, a table request) may use parts and
+ * held after the owner freed the window meanwhile, never after its put.
+ * Neither waits nor takes a window's lock; the put may free the tables (in
+ * any thread, a UCX callback included). */
 ema_win_h    ema__win_find(ema__win_ctx_t *ctx, uint32_t id);
+void         ema__win_put(ema_win_h win);
 ema_win_h    ema__win_list_next(ema__win_ctx_t *ctx, ema_win_h win) EMA_EXCLUDES(ctx->lock);
 
 /* Whether @p may be a handle before it is read: not in the first page (a

@@ -133,6 +133,7 @@ static struct ema_win *win_up(uint32_t id, uint32_t max_segs)
     CHECK(w->parts != NULL && w->held != NULL);
     pthread_mutex_init(&w->lock, NULL);
     atomic_init(&w->prefetching, 0);
+    atomic_init(&w->refs, 1); /* the list's, as ema__win_allocate links it */
     for (int r = 0; r < NR; r++) {
         w->parts[r].max_segs = max_segs;
         w->parts[r].loc      = calloc(max_segs, sizeof(ema__loc_t));

@@ -30,6 +30,7 @@
 #include "check_main.h"
 
 #include <check.h>
+#include <malloc.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <string.h>
@@ -180,7 +181,9 @@ static const ema__win_mem_ops_t stub_ops = {stub_acquire, stub_release, stub_map
 
 /* --- the world -------------------------------------------------------------- */
 
-static void win_up(void)
+/* The window, with a table of @peer_max segments for the peer's part (its
+ * max_size may differ from this rank's). */
+static void win_up_peer_max(uint32_t peer_max)
 {
     uint32_t segs[OWN_SEGS];
 
@@ -194,14 +197,15 @@ static void win_up(void)
     pthread_mutex_init(&win->lock, NULL);
     atomic_init(&win->lock_owner, 0);
     atomic_init(&win->prefetching, 0);
+    atomic_init(&win->refs, 1); /* the list's, as ema__win_allocate links it */
     ck_assert_int_eq(arena->ops->reserve(arena, win->reserved, &win->base), EMA_SUCCESS);
     ck_assert_int_eq(ema__seg_pool_alloc(&arena->pool, OWN_SEGS, EMA_SEG_USED, segs),
                      EMA_SUCCESS);
     for (int r = 0; r < NRANKS; r++) {
         ema__win_part_t *p = &win->parts[r];
         uint32_t n = (r == ME) ? OWN_SEGS : PEER_SEGS;
-        p->max_segs = MAX_SEGS;
-        p->loc      = calloc(MAX_SEGS, sizeof(ema__loc_t));
+        p->max_segs = (r == ME) ? MAX_SEGS : peer_max;
+        p->loc      = calloc(p->max_segs, sizeof(ema__loc_t));
         ck_assert_ptr_nonnull(p->loc);
         for (uint32_t i = 0; i < n; i++) {
             atomic_init(&p->loc[i], EMA_LOC(r, D, (r == ME) ? segs[i] : i));
@@ -213,6 +217,11 @@ static void win_up(void)
     win->magic = EMA_WIN_MAGIC;
     win->id    = WIN_ID;
     ctx.wins   = win;
+}
+
+static void win_up(void)
+{
+    win_up_peer_max(MAX_SEGS);
 }
 
 static void setup(void)
@@ -320,6 +329,110 @@ EMA_TEST("races", test_peer_messages_that_found_the_window_before_its_free_use_i
     ema__xport_am_dispatch(&xp, EMA_AM_WIN, PEER, &u, sizeof(u));
     ck_assert_uint_eq(atomic_load(&found->parts[PEER].loc[0]), EMA_LOC(PEER, D, 0));
     ck_assert_uint_eq(atomic_load(&found->parts[PEER].version), 2);
+
+    /* The tables stayed for the lookup's reference alone (the job's and the
+     * handler's); they go with it, before finalize. */
+    ck_assert_uint_eq(atomic_load(&ctx.dead_tables), 1);
+    ck_assert_uint_gt(atomic_load(&ctx.dead_table_bytes),
+                      NRANKS * MAX_SEGS * sizeof(ema__loc_t));
+    ema__win_put(found);
+    ck_assert_ptr_null(found->parts);
+    ck_assert_ptr_null(found->held);
+    ck_assert_uint_eq(atomic_load(&ctx.dead_tables), 0);
+    ck_assert_uint_eq(atomic_load(&ctx.dead_table_bytes), 0);
+    ck_assert_int_eq(found->magic, EMA_WIN_MAGIC_DEAD); /* the handle is still known */
+    ck_assert_int_eq(ema_win_free(found), EMA_ERR_INVALID_HANDLE);
+}
+END_TEST
+
+/* What the process has allocated (glibc: the arenas' chunks in use, and the
+ * mmapped ones). */
+static size_t heap_in_use(void)
+{
+    struct mallinfo2 mi = mallinfo2();
+    return mi.uordblks + mi.hblkhd;
+}
+
+EMA_TEST("races", test_windows_freed_in_a_loop_give_their_tables_back_before_finalize)
+{
+    /* A program that allocates and frees windows in a loop (a serving
+     * engine's window per request) must not grow: each free gives the
+     * tables back at once when no message handler holds the window.  The
+     * peer's part has a table of 1 MiB, so 64 windows kept until finalize
+     * would be 64 MiB. */
+    enum { ROUNDS = 64, PEER_MAX = 1u << 17 };
+    size_t before = 0;
+
+    for (int i = 0; i < ROUNDS; i++) {
+        if (i > 0) {
+            win_up_peer_max(PEER_MAX);
+        }
+        uint32_t segs[OWN_SEGS];
+        for (uint32_t k = 0; k < OWN_SEGS; k++) {
+            segs[k] = EMA_LOC_SEG(atomic_load(&win->parts[ME].loc[k]));
+        }
+        struct ema_win *w = win;
+        ck_assert_int_eq(ema_win_free(w), EMA_SUCCESS);
+        ck_assert_ptr_null(w->parts);
+        ck_assert_ptr_null(w->held);
+        ck_assert_uint_eq(atomic_load(&ctx.dead_tables), 0);
+        ck_assert_uint_eq(atomic_load(&ctx.dead_table_bytes), 0);
+        /* the stub provider only counts what comes back: the arena's
+         * segments go back here */
+        ck_assert_int_eq(ema__seg_pool_free(&arena->pool, OWN_SEGS, segs), EMA_SUCCESS);
+        if (i == 0) {
+            before = heap_in_use();
+        }
+    }
+    /* what stays is the dead handles (a few hundred bytes each) */
+    size_t after = heap_in_use();
+    ck_assert_msg(after < before + (size_t)ROUNDS * 8192,
+                  "%d windows freed, the heap grew by %zu bytes", ROUNDS - 1, after - before);
+}
+END_TEST
+
+/* --- a lookup racing the free, on another thread ------------------------- */
+
+static atomic_int updates_done;
+
+/* A peer's UPDATEs, one after another, as its handler runs them: look the
+ * window up, check and apply, drop the reference; until it is gone. */
+static void *update_thread(void *arg)
+{
+    (void)arg;
+    for (uint64_t v = 2;; v++) {
+        ema_win_h w = ema__win_find(&ctx, WIN_ID);
+        if (w == NULL) {
+            break;
+        }
+        ema__loc_t upd[1] = {EMA_LOC(PEER, D, (uint32_t)(v % PEER_SEGS))};
+        if (ema__win_update_check(w, PEER, PEER_SEGS * SEG, PEER_SEGS, 0, 1, upd)) {
+            ema__win_apply_update(w, PEER, v, PEER_SEGS * SEG, PEER_SEGS, 0, 1, upd);
+        }
+        ema__win_put(w);
+        atomic_fetch_add(&updates_done, 1);
+    }
+    return NULL;
+}
+
+EMA_TEST("races", test_free_while_a_handler_uses_the_tables_frees_them_after_it)
+{
+    /* Under ASan this is a use-after-free if the free frees the tables
+     * under a handler that found the window; without one, the tables must
+     * be gone once both are done. */
+    pthread_t t;
+    atomic_store(&updates_done, 0);
+    ck_assert_int_eq(pthread_create(&t, NULL, update_thread, NULL), 0);
+    while (atomic_load(&updates_done) < 100) {
+        nap_ms(1);
+    }
+    struct ema_win *w = win;
+    ck_assert_int_eq(ema_win_free(w), EMA_SUCCESS);
+    pthread_join(t, NULL);
+    ck_assert_ptr_null(w->parts);
+    ck_assert_ptr_null(w->held);
+    ck_assert_uint_eq(atomic_load(&ctx.dead_tables), 0);
+    ck_assert_uint_eq(atomic_load(&ctx.dead_table_bytes), 0);
 }
 END_TEST
 

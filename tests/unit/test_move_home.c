@@ -12,6 +12,7 @@
 #include <ema.h>
 
 #include "check_main.h"
+#include "win_check.h"
 
 #include <check.h>
 #include <stdint.h>
@@ -89,13 +90,7 @@ static ema_win_h start(uint8_t **base_p)
     void *b;
     ema_win_h w;
 
-    setenv("EMA_DEVICE_MEMORY", "512K", 1);
-    setenv("EMA_SEGMENT_SIZE", "64K", 1);
-    setenv("EMA_SPILL", "host", 1);
-    setenv("EMA_SPILL_SIZE", "8M", 1);
-    setenv("EMA_LEND_RESERVE", "0", 1);
-    setenv("EMA_PROGRESS_THREAD", "n", 1);
-    setenv("EMA_LOG_LEVEL", "error", 1);
+    ema_check_env_small_spill("512K");
     ck_assert_int_eq(ema_init(NULL), EMA_SUCCESS);
     ck_assert_int_eq(ema_win_allocate(4 * SEG, &p, &b, &w), EMA_SUCCESS);
     ck_assert_int_eq(ema_reclaim(4 * SEG, 1000), EMA_SUCCESS);

@@ -11,6 +11,7 @@
 #include <ema.h>
 
 #include "check_main.h"
+#include "win_check.h"
 
 #include <check.h>
 #include <stdint.h>
@@ -51,17 +52,6 @@ static int heard_overlaps(size_t off, size_t len)
     return 0;
 }
 
-static void env_small(const char *capacity)
-{
-    setenv("EMA_DEVICE_MEMORY", capacity, 1);
-    setenv("EMA_SEGMENT_SIZE", "64K", 1);
-    setenv("EMA_SPILL", "host", 1);
-    setenv("EMA_SPILL_SIZE", "8M", 1);
-    setenv("EMA_LEND_RESERVE", "0", 1);
-    setenv("EMA_PROGRESS_THREAD", "n", 1);
-    setenv("EMA_LOG_LEVEL", "error", 1);
-}
-
 static uint8_t pat(size_t i) { return (uint8_t)(i * 29u + 3u); }
 
 static void assert_pattern(const uint8_t *base, size_t len)
@@ -95,7 +85,7 @@ static ema_win_h win_with_pattern(size_t size, size_t first, uint8_t **base_p)
  * bytes with the pattern, @first of them allocated (the rest grown). */
 static ema_win_h start(const char *capacity, size_t first, uint8_t **base_p)
 {
-    env_small(capacity);
+    ema_check_env_small_spill(capacity);
     ck_assert_int_eq(ema_init(NULL), EMA_SUCCESS);
     return win_with_pattern(WSIZE, first, base_p);
 }
@@ -149,7 +139,7 @@ EMA_TEST("args", test_policy_calls_before_init_and_with_bad_handles_fail)
     for (size_t i = 0; i < sizeof(st); i++) {
         ck_assert_uint_eq(((uint8_t *)&st)[i], 0x5e);
     }
-    env_small("64M");
+    ema_check_env_small_spill("64M");
     ck_assert_int_eq(ema_init(NULL), EMA_SUCCESS);
     ck_assert_int_eq(ema_win_set_policy(NULL, &p), EMA_ERR_INVALID_HANDLE);
     ck_assert_int_eq(ema_win_set_policy(FOREIGN_WIN, &p), EMA_ERR_INVALID_HANDLE);

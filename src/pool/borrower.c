@@ -32,19 +32,27 @@ static void ema_pool_acq_add(ema__pool_t *pool, const ema__loc_t *locs, uint32_t
     pthread_mutex_unlock(&pool->acq_lock);
 }
 
+/* @locs are mapped, or given back unmapped: they leave the granted set.  A
+ * recall parked on one of them looks again (ema__pool_unpark, after they
+ * left the set: see ema_pool_park for why no wake-up is lost). */
 static void ema_pool_mapped(void *arg, const ema__loc_t *locs, uint32_t n)
 {
     ema__pool_t *pool = arg;
+    uint32_t gone     = 0;
     pthread_mutex_lock(&pool->acq_lock);
     for (uint32_t k = 0; k < n; k++) {
         for (size_t i = 0; i < pool->nacq; i++) {
             if (pool->acq[i] == locs[k]) {
                 pool->acq[i] = pool->acq[--pool->nacq];
+                gone++;
                 break;
             }
         }
     }
     pthread_mutex_unlock(&pool->acq_lock);
+    if (gone > 0) {
+        ema__pool_unpark(pool);
+    }
 }
 
 static int ema_pool_acq_has(ema__pool_t *pool, ema__loc_t loc)
@@ -469,9 +477,15 @@ static uint32_t ema_pool_reclaim_for_self(void *arg, uint32_t need, ema__loc_t *
     return got;
 }
 
-/* Park a recall whose segments are held with ema_win_acquire until the
- * owner releases something (ema__pool_unpark), unless a release came since
- * the job started (@gen): then it runs again at once. */
+/* Park a recall whose segments are held with ema_win_acquire, or granted to
+ * this rank and not mapped yet, until the owner releases something or a
+ * granted segment leaves the granted set (both ema__pool_unpark), unless
+ * one of those came since the job started (@gen): then it runs again at
+ * once.  No wake-up is lost: the job read @gen before it looked at the
+ * held counts and the granted set; a waker changes those first, then
+ * increments release_gen, then takes the parked list under pool->lock.
+ * If the waker's lock came first, the job sees the new release_gen here;
+ * if the job's came first, the waker finds it on the list. */
 static void ema_pool_park(ema__pool_t *pool, ema_pool_job_t *job, uint64_t gen)
 {
     pthread_mutex_lock(&pool->lock);
@@ -508,8 +522,10 @@ void ema__pool_unpark(ema__pool_t *pool)
  * them, and the data moves elsewhere (win/migrate.c ema__win_recall),
  * which gives them back.  Segments held with ema_win_acquire stay (the
  * others move now); the job parks until the owner releases, then looks
- * again.  So the job never waits for the application, and runs as well
- * from the application's own ema_progress or ema_barrier.
+ * again.  Segments granted to this rank and not mapped yet park it too,
+ * until a grow maps them or gives them back (ema_pool_mapped).  So the job
+ * never waits for the application, never spins, and runs as well from the
+ * application's own ema_progress or ema_barrier.
  */
 void ema__pool_recall_job(void *arg)
 {
@@ -520,7 +536,7 @@ void ema__pool_recall_job(void *arg)
     uint8_t *found      = calloc(n ? n : 1, 1);
     uint8_t *held       = calloc(n ? n : 1, 1);
     uint32_t *refuse    = calloc(n ? n : 1, sizeof(*refuse));
-    int granted         = 0;
+    uint32_t ngranted   = 0;
 
     EMA_WIN_ASSERT_NONE_LOCKED(); /* a long job; ema__win_recall takes the locks */
     ema_debug("recall of %u segments from rank %d: the job starts", n, job->src);
@@ -545,9 +561,10 @@ void ema__pool_recall_job(void *arg)
     for (uint32_t k = 0; k < n; k++) {
         if (found[k] == 2 || held[k]) {
             /* granted to a grow or a migration of ours that had not mapped
-             * it yet: look again once it has (the owner hears of it then:
-             * told[k] is still 0); held: after a release (heard of already) */
-            granted |= (found[k] == 2);
+             * it yet: look again once it has mapped it or given it back
+             * (the owner hears of it then: told[k] is still 0); held:
+             * after a release (heard of already).  Parked either way. */
+            ngranted += (found[k] == 2);
             nheld += held[k];
             job->told[retry]   = job->told[k];
             job->segs[retry++] = job->segs[k];
@@ -560,6 +577,10 @@ void ema__pool_recall_job(void *arg)
     if (nheld > 0) {
         ema_debug("recall from rank %d: %u segments held with ema_win_acquire move once "
                   "released", job->src, nheld);
+    }
+    if (ngranted > 0) {
+        ema_debug("recall from rank %d: %u segments granted and not mapped yet move once "
+                  "mapped", job->src, ngranted);
     }
 
     if (nrefuse > 0) {
@@ -576,11 +597,7 @@ out:
     free(refuse);
     if (retry > 0) {
         job->msg.count = retry; /* told[] as left: the owner hears of each once */
-        if (granted) {
-            ema__xport_defer(pool->xp, EMA_JOB_LONG, ema__pool_recall_job, job);
-        } else {
-            ema_pool_park(pool, job, gen);
-        }
+        ema_pool_park(pool, job, gen);
         return;
     }
     free(job);

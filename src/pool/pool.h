@@ -68,8 +68,10 @@ typedef struct ema__pool {
     uint32_t           withheld;     /* free segments not to be lent or used */
     atomic_int         recall_pending;
     atomic_int         recall_refused; /* recalled segments borrowers could not move */
-    struct ema_pool_job *parked;      /* recalls waiting for a release (under lock) */
-    _Atomic uint64_t   release_gen;   /* releases so far (ema__pool_unpark) */
+    struct ema_pool_job *parked;      /* recalls waiting for a release or a map
+                                         (under lock) */
+    _Atomic uint64_t   release_gen;   /* ema__pool_unpark calls so far: releases, and
+                                         granted segments mapped or given back */
     pthread_mutex_t    advert_lock;   /* one advertisement at a time */
     uint64_t           advertised;    /* lendable segments last advertised */
 
@@ -100,8 +102,9 @@ void         ema__pool_start(ema__pool_t *pool);
 void         ema__pool_cleanup(ema__pool_t *pool);
 void         ema__pool_print_stats(ema__pool_t *pool, FILE *stream);
 
-/* The owner released held segments (or shrank or freed a window): recalls
- * parked on held segments look again. */
+/* The owner released held segments (or shrank or freed a window), or
+ * granted segments left the granted set (mapped or given back): parked
+ * recalls look again. */
 void         ema__pool_unpark(ema__pool_t *pool);
 /* This rank's lendable memory changed: tell the peers, for their lender
  * order (ADVERT).  Not from an AM handler. */

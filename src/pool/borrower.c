@@ -512,7 +512,25 @@ void ema__pool_unpark(ema__pool_t *pool)
     while (job != NULL) {
         ema_pool_job_t *next = job->next;
         ema__win_recall_begin(pool->win);
-        ema__xport_defer(pool->xp, EMA_JOB_LONG, ema__pool_recall_job, job);
+        if (ema__xport_try_defer(pool->xp, EMA_JOB_LONG, ema__pool_recall_job, job) !=
+            EMA_SUCCESS) {
+            /* Out of memory: a recall run in place here could deadlock,
+             * since ema_pool_mapped unparks with a window's lock held.  The
+             * rest stay parked for the next wake-up; the count is undone
+             * without ema__win_recall_end's walk of the windows (which
+             * takes their locks): policies that yielded resume at the next
+             * recall's end. */
+            atomic_fetch_sub(&pool->win->recalls, 1);
+            ema_pool_job_t *tail = job;
+            while (tail->next != NULL) {
+                tail = tail->next;
+            }
+            pthread_mutex_lock(&pool->lock);
+            tail->next   = pool->parked;
+            pool->parked = job;
+            pthread_mutex_unlock(&pool->lock);
+            return;
+        }
         job = next;
     }
 }

@@ -163,15 +163,21 @@ void ema__xport_sched_cleanup(ema__xport_t *xp)
     pthread_mutex_destroy(&xp->defer_lock);
 }
 
-static void ema_xport_defer(ema__xport_t *xp, unsigned kind, ema__defer_cb cb, void *arg,
-                            int owned)
+/* Queue @cb(@arg); out of memory, run it in place if @inline_ok, else
+ * return EMA_ERR_NO_MEMORY with nothing done. */
+static ema_status_t ema_xport_defer(ema__xport_t *xp, unsigned kind, ema__defer_cb cb,
+                                   void *arg, int owned, int inline_ok)
 {
     int q = (kind == EMA_JOB_QUICK) ? 0 : 1;
     ema__defer_t *d = malloc(sizeof(*d));
     if (d == NULL) {
+        if (!inline_ok) {
+            ema_error("out of memory queueing deferred work");
+            return EMA_ERR_NO_MEMORY;
+        }
         ema_error("out of memory queueing deferred work; running it in place");
         cb(arg);
-        return;
+        return EMA_SUCCESS;
     }
     d->cb    = cb;
     d->arg   = arg;
@@ -185,6 +191,7 @@ static void ema_xport_defer(ema__xport_t *xp, unsigned kind, ema__defer_cb cb, v
     if (xp->efd >= 0) {
         ucp_worker_signal(xp->worker); /* wake a sleeping progress thread */
     }
+    return EMA_SUCCESS;
 }
 
 static ema__defer_t *ema_xport_defer_pop(ema__xport_t *xp, int q)
@@ -208,12 +215,17 @@ static ema__defer_t *ema_xport_defer_pop(ema__xport_t *xp, int q)
 
 void ema__xport_defer(ema__xport_t *xp, unsigned kind, ema__defer_cb cb, void *arg)
 {
-    ema_xport_defer(xp, kind, cb, arg, 1);
+    (void)ema_xport_defer(xp, kind, cb, arg, 1, 1);
+}
+
+ema_status_t ema__xport_try_defer(ema__xport_t *xp, unsigned kind, ema__defer_cb cb, void *arg)
+{
+    return ema_xport_defer(xp, kind, cb, arg, 1, 0);
 }
 
 void ema__xport_defer_ref(ema__xport_t *xp, unsigned kind, ema__defer_cb cb, void *arg)
 {
-    ema_xport_defer(xp, kind, cb, arg, 0);
+    (void)ema_xport_defer(xp, kind, cb, arg, 0, 1);
 }
 
 int ema__xport_run_deferred(ema__xport_t *xp, unsigned mode)

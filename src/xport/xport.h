@@ -302,6 +302,10 @@ int  ema__xport_run_deferred(ema__xport_t *xp, unsigned mode);
  * @arg is malloc'ed and freed if the job is dropped at teardown.  Quick
  * jobs must not wait on remote peers. */
 void ema__xport_defer(ema__xport_t *xp, unsigned kind, ema__defer_cb cb, void *arg);
+/* The same, but out of memory it returns EMA_ERR_NO_MEMORY, queues nothing
+ * and runs nothing (ema__xport_defer then runs the job in place), for
+ * callers that may hold a lock the job takes. */
+ema_status_t ema__xport_try_defer(ema__xport_t *xp, unsigned kind, ema__defer_cb cb, void *arg);
 /* The same for an @arg the job does not own (never freed here). */
 void ema__xport_defer_ref(ema__xport_t *xp, unsigned kind, ema__defer_cb cb, void *arg);
 

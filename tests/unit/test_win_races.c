@@ -694,8 +694,18 @@ EMA_TEST("races", test_acquire_waiting_on_a_move_holds_nothing)
 
     atomic_init(&a.done, 0);
     mark_moving(1, 1);
+    unsigned changed0 = atomic_load(&nchanged_rel);
     ck_assert_int_eq(pthread_create(&t, NULL, acquire_thread, &a), 0);
-    nap_ms(100);
+    /* it has met the moving segment once it gave back what it counted
+     * (and said so: EMA_WIN_CHANGED_RELEASED); a slow thread start must
+     * not let the checks below pass before the acquire ran at all */
+    double t0 = ema__now_us();
+    while (atomic_load(&nchanged_rel) == changed0 && ema__now_us() - t0 < 5e6) {
+        nap_ms(1);
+    }
+    ck_assert_msg(atomic_load(&nchanged_rel) != changed0,
+                  "the acquire never met the moving segment");
+    nap_ms(20);
     ck_assert_msg(!atomic_load(&a.done), "the acquire did not wait for the moving segment");
     ck_assert_int_eq(atomic_load(&win->held[0]), 0);
     ck_assert_int_eq(atomic_load(&win->held[1]), 0);

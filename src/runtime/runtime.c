@@ -548,8 +548,10 @@ EMA_EXPORT ema_status_t ema_init(const ema_init_params_t *params)
     return EMA_SUCCESS;
 
 err_pool:
+    ema__xport_am_close(&w->xp); /* as ema_finalize */
     ema__pool_cleanup(&w->pool);
 err_win:
+    ema__xport_am_close(&w->xp);
     ema__win_ctx_cleanup(&w->win);
 err_xport:
     /* the PMIx handler's argument is &w->xp: off before xp goes */
@@ -606,6 +608,10 @@ EMA_EXPORT ema_status_t ema_finalize(void)
     ema__win_world = NULL;
     ema__progress_stop(&w->progress);
     ema__boot_unwatch(&w->boot);
+    /* a peer's late message (after a window free that failed, say) must not
+     * reach the pool's or the windows' state once they are gone: the
+     * endpoints' teardown in ema__xport_destroy still progresses the worker */
+    ema__xport_am_close(&w->xp);
     ema__pool_cleanup(&w->pool);
     ema__win_ctx_cleanup(&w->win);
     ema__xport_destroy(&w->xp);

@@ -25,6 +25,9 @@ void ema__xport_am_dispatch(ema__xport_t *xp, unsigned id, int32_t src, const vo
 {
     void *copy = NULL;
 
+    if (atomic_load(&xp->am_closed)) {
+        return; /* finalizing: late traffic of a peer (ema__xport_am_close) */
+    }
     if (id >= EMA_AM_MAX || xp->am[id].cb == NULL) {
         ema_malformed("active message on id %u, which has no handler: dropped", id);
         return;
@@ -69,6 +72,11 @@ static ucs_status_t ema_xport_am_cb(void *arg, const void *header, size_t header
         ema__xport_am_dispatch(xp, id, src, data, length);
     }
     return UCS_OK;
+}
+
+void ema__xport_am_close(ema__xport_t *xp)
+{
+    atomic_store(&xp->am_closed, 1);
 }
 
 void ema__xport_set_am_handler(ema__xport_t *xp, unsigned id, ema__am_handler_cb cb, void *arg)

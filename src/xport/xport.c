@@ -110,6 +110,7 @@ ema_status_t ema__xport_create(ema__xport_t *xp, int rank, int size)
     ema__xport_waiters_init(xp);
     ema__xport_peers_init(xp);
     atomic_init(&xp->app_state, 0);
+    atomic_init(&xp->am_closed, 0); /* an ema_init after an ema_finalize too */
 
     status = ucp_config_read(NULL, NULL, &config);
     if (status != UCS_OK) {

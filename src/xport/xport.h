@@ -123,6 +123,7 @@ typedef struct ema__xport {
         ema__am_handler_cb cb;
         void              *arg;
     } am[EMA_AM_MAX];
+    atomic_int am_closed; /* ema__xport_am_close: every message dropped */
 
     /* collectives: a rank can be at most one collective ahead of another */
     pthread_mutex_t  coll_lock;
@@ -221,6 +222,10 @@ void         ema__xport_destroy(ema__xport_t *xp);
 
 void ema__xport_set_am_handler(ema__xport_t *xp, unsigned id, ema__am_handler_cb cb,
                                void *arg);
+/* From here on every active message is dropped unread and unlogged: at
+ * finalize, before the layers whose handlers they would reach are torn
+ * down, while the endpoints' teardown still progresses the worker. */
+void ema__xport_am_close(ema__xport_t *xp);
 /* The one dispatch point of every active message (after UCX's callback
  * checked its header): drops, logged once per kind, a message on an id
  * with no handler or from a rank that is not a peer (outside the world, or

@@ -516,11 +516,8 @@ void ema__pool_unpark(ema__pool_t *pool)
             EMA_SUCCESS) {
             /* Out of memory: a recall run in place here could deadlock,
              * since ema_pool_mapped unparks with a window's lock held.  The
-             * rest stay parked for the next wake-up; the count is undone
-             * without ema__win_recall_end's walk of the windows (which
-             * takes their locks): policies that yielded resume at the next
-             * recall's end. */
-            atomic_fetch_sub(&pool->win->recalls, 1);
+             * rest stay parked for the next wake-up. */
+            ema__win_recall_cancel(pool->win);
             ema_pool_job_t *tail = job;
             while (tail->next != NULL) {
                 tail = tail->next;

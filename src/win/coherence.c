@@ -610,10 +610,9 @@ ema_status_t ema__win_publish(ema_win_h win, uint32_t first, uint32_t count, ema
         q->behind = 1;
         if (status == EMA_SUCCESS) {
             ema_error("window %u: telling rank %d of the part's version %" PRIu64 " (%" PRIu64
-                      " bytes; segments %u..%" PRIu64 ") failed (%s): it keeps the one it had "
+                      " bytes; %u segments from %u) failed (%s): it keeps the one it had "
                       "until a later version reaches it, with the whole table", win->id, r,
-                      m.version, m.size, first,
-                      (uint64_t)first + count, ema_strerror(st));
+                      m.version, m.size, count, first, ema_strerror(st));
             status = st;
         }
     }

@@ -127,10 +127,11 @@ ema_status_t ema__win_restore(ema_win_h win, const uint32_t *first, const uint32
  * application's own ema_progress and ema_barrier included.  The caller
  * looks at the table afterwards to see what did not move.  Returns
  * EMA_ERR_NO_MEMORY when no memory was found for some of the segments (even
- * if telling a peer failed too: that is logged); else the error of an invalidation, a copy or a map (what it stopped stays where it
- * was); or that of telling a peer where the segments are (EMA_ERR_TRANSPORT,
- * logged: the move is done, and that peer keeps them marked MOVING until
- * a later publish sends it the whole table).
+ * if telling a peer failed too: that is logged); else the error of an
+ * invalidation, a copy or a map (what it stopped stays where it was); or
+ * that of telling a peer where the segments are (EMA_ERR_TRANSPORT, logged:
+ * the move is done, and that peer keeps them marked MOVING until a later
+ * publish sends it the whole table).
  */
 ema_status_t ema__win_move(ema_win_h win, uint32_t *idx, uint32_t n, int exclude,
                           const ema__loc_t *targets, const int64_t *handles, unsigned flags)

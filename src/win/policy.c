@@ -574,6 +574,11 @@ void ema__win_recall_begin(ema__win_ctx_t *ctx)
     atomic_fetch_add(&ctx->recalls, 1);
 }
 
+void ema__win_recall_cancel(ema__win_ctx_t *ctx)
+{
+    atomic_fetch_sub(&ctx->recalls, 1);
+}
+
 void ema__win_recall_end(ema__win_ctx_t *ctx)
 {
     if (atomic_fetch_sub(&ctx->recalls, 1) != 1 ||

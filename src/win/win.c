@@ -267,23 +267,9 @@ static void win_release_parts(ema__win_ctx_t *ctx, ema__win_part_t *parts)
     free(parts);
 }
 
-/* The bytes of @win's tables: each part's struct and locations, and the
- * own part's held counts. */
-static size_t win_table_bytes(const ema__win_ctx_t *ctx, const struct ema_win *win)
-{
-    size_t b = (size_t)(unsigned)ctx->size * sizeof(*win->parts);
-    for (int r = 0; win->parts != NULL && r < ctx->size; r++) {
-        b += (size_t)win->parts[r].max_segs * sizeof(ema__loc_t);
-    }
-    if (win->parts != NULL) {
-        b += (size_t)win->parts[ctx->rank].max_segs * sizeof(*win->held);
-    }
-    return b;
-}
-
-/* A freed window leaves the live list: counted as a dead window whose
- * tables are still in memory until its last reference goes (ema__win_put).
- * Under ctx->lock, with the list's reference still held. */
+/* A freed window leaves the live list; its tables stay until its last
+ * reference goes (ema__win_put).  Under ctx->lock, with the list's
+ * reference still held. */
 static void win_unlink_locked(ema__win_ctx_t *ctx, struct ema_win *win)
 {
     for (struct ema_win **pp = &ctx->wins; *pp != NULL; pp = &(*pp)->next) {
@@ -292,8 +278,6 @@ static void win_unlink_locked(ema__win_ctx_t *ctx, struct ema_win *win)
             break;
         }
     }
-    atomic_fetch_add(&ctx->dead_tables, 1);
-    atomic_fetch_add(&ctx->dead_table_bytes, win_table_bytes(ctx, win));
 }
 
 void ema__win_put(ema_win_h win)
@@ -310,14 +294,10 @@ void ema__win_put(ema_win_h win)
      * holds one while it is linked): no lookup can find it any more, so
      * nobody else reads the tables.  The acquire-release of the count
      * orders every holder's use of them before this free. */
-    ema__win_ctx_t *ctx = win->ctx;
-    size_t bytes = win_table_bytes(ctx, win);
-    win_release_parts(ctx, win->parts);
+    win_release_parts(win->ctx, win->parts);
     free(win->held);
     win->parts = NULL;
     win->held  = NULL;
-    atomic_fetch_sub(&ctx->dead_table_bytes, bytes);
-    atomic_fetch_sub(&ctx->dead_tables, 1);
 }
 
 void ema__win_ctx_cleanup(ema__win_ctx_t *ctx)

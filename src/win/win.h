@@ -237,12 +237,6 @@ typedef struct ema__win_ctx {
     struct ema_win    *wins;      /* live windows */
     struct ema_win    *dead;      /* freed handles, kept until finalize so a
                                      stale handle is detected, not followed */
-    /* Tables (parts, held) of freed windows still in memory, because a
-     * lookup (ema__win_find) still holds the window: how many, and their
-     * bytes.  0 whenever no message handler or job is running; tests read
-     * them. */
-    atomic_size_t      dead_tables;
-    atomic_size_t      dead_table_bytes;
     uint32_t           next_id;
     /* Where segments come from and go back to: the lending pool, a layer
      * above, registers it at init (ema__pool_init). */
@@ -691,6 +685,10 @@ enum {
  * The end of the last one queues the policy jobs that yielded. */
 void         ema__win_recall_begin(ema__win_ctx_t *ctx);
 void         ema__win_recall_end(ema__win_ctx_t *ctx);
+/* A begin whose job was never queued: uncounted, without the end's wake-up
+ * of the policies (it takes window locks, which the caller may hold); one
+ * that yielded resumes at the next recall's end. */
+void         ema__win_recall_cancel(ema__win_ctx_t *ctx);
 /* Drop @win's policy once the window is freed (ema_win_free). */
 void         ema__win_policy_drop(ema_win_h win) EMA_EXCLUDES(win->lock);
 

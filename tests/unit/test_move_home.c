@@ -23,49 +23,20 @@
 #define NSEG  8
 #define WSIZE (NSEG * SEG)
 
-/* ranges the reclaim callback heard of; the first call releases @release */
-static struct {
-    size_t    off[64], len[64];
-    int       n;
-    ema_win_h win;
-    size_t    release; /* offset of a held segment to release, or SIZE_MAX */
-} heard;
+static ema_check_heard_t heard;    /* what the reclaim callback heard of */
+static size_t            release_off; /* a held segment it releases, or SIZE_MAX */
 
 static void release_cb(ema_win_h w, size_t o, size_t l, void *a)
 {
     (void)a;
-    if (heard.n < 64) {
-        heard.off[heard.n] = o;
-        heard.len[heard.n] = l;
-        heard.n++;
-    }
-    if (heard.release != SIZE_MAX) {
+    ema_check_heard_note(&heard, o, l);
+    if (release_off != SIZE_MAX) {
         /* allowed from the callback (ema_win_set_reclaim_cb(3)) */
-        ck_assert_int_eq(ema_win_release(w, heard.release, SEG), EMA_SUCCESS);
-        heard.release = SIZE_MAX;
+        ck_assert_int_eq(ema_win_release(w, release_off, SEG), EMA_SUCCESS);
+        release_off = SIZE_MAX;
     }
 }
 
-static int heard_overlaps(size_t off, size_t len)
-{
-    for (int i = 0; i < heard.n; i++) {
-        if (heard.off[i] < off + len && off < heard.off[i] + heard.len[i]) {
-            return 1;
-        }
-    }
-    return 0;
-}
-
-static uint8_t pat(size_t i) { return (uint8_t)(i * 31u + 5u); }
-
-static void assert_pattern(const uint8_t *base, size_t len)
-{
-    for (size_t i = 0; i < len; i++) {
-        if (base[i] != pat(i)) {
-            ck_abort_msg("window byte %zu changed: %#x, pattern %#x", i, base[i], pat(i));
-        }
-    }
-}
 
 static void drain(void)
 {
@@ -97,16 +68,36 @@ static ema_win_h start(uint8_t **base_p)
     ck_assert_int_eq(ema_win_grow(w, WSIZE), EMA_SUCCESS);
     ck_assert_int_eq(ema_reclaim_release(4 * SEG), EMA_SUCCESS);
     for (size_t i = 0; i < WSIZE; i++) {
-        ((uint8_t *)b)[i] = pat(i);
+        ((uint8_t *)b)[i] = ema_check_pat(i);
     }
     ema_win_stat_t ws = wstat(w);
     ck_assert_uint_eq(ws.bytes_local, 4 * SEG);
     ck_assert_uint_eq(ws.bytes_spilled, 4 * SEG);
     memset(&heard, 0, sizeof(heard));
-    heard.win     = w;
-    heard.release = SIZE_MAX;
-    *base_p       = b;
+    release_off = SIZE_MAX;
+    *base_p     = b;
     return w;
+}
+
+/* Segment 5 (spilled) held, for a callback that releases it when it runs. */
+static void hold_5_for_the_callback(ema_win_h w)
+{
+    ck_assert_int_eq(ema_win_set_reclaim_cb(w, release_cb, NULL), EMA_SUCCESS);
+    ck_assert_int_eq(ema_win_acquire(w, 5 * SEG, SEG), EMA_SUCCESS);
+    release_off = 5 * SEG;
+}
+
+/* The callback ran and released segment 5 without hearing of it, and it
+ * stayed spilled, with @local bytes local. */
+static void assert_5_unnamed_and_spilled(ema_win_h w, size_t local)
+{
+    ck_assert_msg(release_off == SIZE_MAX, "the reclaim callback never ran");
+    ck_assert(!ema_check_heard_overlaps(&heard, 5 * SEG, SEG));
+    ema_win_stat_t ws = wstat(w);
+    ck_assert_msg(ws.bytes_spilled == SEG && ws.bytes_local == local,
+                  "%zu bytes local, %zu spilled: a segment the callback never heard of "
+                  "moved (held when it was told, released by the callback)", ws.bytes_local,
+                  ws.bytes_spilled);
 }
 
 /* Segment 5 (spilled) is held when the prefetch starts; the callback,
@@ -117,29 +108,21 @@ EMA_TEST("home", test_prefetch_moves_only_what_the_callback_heard_of)
     uint8_t *base;
     ema_win_h w = start(&base);
 
-    ck_assert_int_eq(ema_win_set_reclaim_cb(w, release_cb, NULL), EMA_SUCCESS);
-    ck_assert_int_eq(ema_win_acquire(w, 5 * SEG, SEG), EMA_SUCCESS);
-    heard.release = 5 * SEG;
+    hold_5_for_the_callback(w);
     ck_assert_int_eq(ema_win_prefetch(w, 0, WSIZE), EMA_SUCCESS);
     drain();
-    ck_assert_msg(heard.release == SIZE_MAX, "the reclaim callback never ran");
-    ck_assert(heard_overlaps(4 * SEG, SEG) && heard_overlaps(6 * SEG, 2 * SEG));
-    ck_assert(!heard_overlaps(5 * SEG, SEG));
-    ema_win_stat_t ws = wstat(w);
-    ck_assert_msg(ws.bytes_spilled == SEG && ws.bytes_local == 7 * SEG,
-                  "%zu bytes local, %zu spilled: a segment the callback never heard of "
-                  "moved (held when it was told, released by the callback)", ws.bytes_local,
-                  ws.bytes_spilled);
-    assert_pattern(base, WSIZE);
+    ck_assert(ema_check_heard_overlaps(&heard, 4 * SEG, SEG) &&
+              ema_check_heard_overlaps(&heard, 6 * SEG, 2 * SEG));
+    assert_5_unnamed_and_spilled(w, 7 * SEG);
+    ema_check_assert_pattern(base, WSIZE);
 
     /* released: a prefetch again names it, and brings it home */
     heard.n = 0;
     ck_assert_int_eq(ema_win_prefetch(w, 0, WSIZE), EMA_SUCCESS);
     drain();
-    ck_assert(heard_overlaps(5 * SEG, SEG));
-    ws = wstat(w);
-    ck_assert_uint_eq(ws.bytes_local, WSIZE);
-    assert_pattern(base, WSIZE);
+    ck_assert(ema_check_heard_overlaps(&heard, 5 * SEG, SEG));
+    ck_assert_uint_eq(wstat(w).bytes_local, WSIZE);
+    ema_check_assert_pattern(base, WSIZE);
     ck_assert_int_eq(ema_win_free(w), EMA_SUCCESS);
     ck_assert_int_eq(ema_finalize(), EMA_SUCCESS);
 }
@@ -152,19 +135,11 @@ EMA_TEST("home", test_shrink_moves_home_only_what_the_callback_heard_of)
     uint8_t *base;
     ema_win_h w = start(&base);
 
-    ck_assert_int_eq(ema_win_set_reclaim_cb(w, release_cb, NULL), EMA_SUCCESS);
-    ck_assert_int_eq(ema_win_acquire(w, 5 * SEG, SEG), EMA_SUCCESS);
-    heard.release = 5 * SEG;
+    hold_5_for_the_callback(w);
     ck_assert_int_eq(ema_win_shrink(w, 6 * SEG), EMA_SUCCESS);
-    ck_assert_msg(heard.release == SIZE_MAX, "the reclaim callback never ran");
-    ck_assert(heard_overlaps(4 * SEG, SEG));
-    ck_assert(!heard_overlaps(5 * SEG, SEG));
-    ema_win_stat_t ws = wstat(w);
-    ck_assert_msg(ws.bytes_spilled == SEG && ws.bytes_local == 5 * SEG,
-                  "%zu bytes local, %zu spilled: a segment the callback never heard of "
-                  "moved (held when it was told, released by the callback)", ws.bytes_local,
-                  ws.bytes_spilled);
-    assert_pattern(base, 6 * SEG);
+    ck_assert(ema_check_heard_overlaps(&heard, 4 * SEG, SEG));
+    assert_5_unnamed_and_spilled(w, 5 * SEG);
+    ema_check_assert_pattern(base, 6 * SEG);
     ck_assert_int_eq(ema_win_free(w), EMA_SUCCESS);
     ck_assert_int_eq(ema_finalize(), EMA_SUCCESS);
 }

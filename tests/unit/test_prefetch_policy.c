@@ -25,43 +25,15 @@
 static uint64_t foreign_block[64];
 #define FOREIGN_WIN ((ema_win_h)(void *)foreign_block)
 
-/* ranges the reclaim callback heard of */
-static struct {
-    size_t off[256], len[256];
-    int    n;
-} heard;
+static ema_check_heard_t heard; /* what the reclaim callback heard of */
 
 static void note_cb(ema_win_h w, size_t o, size_t l, void *a)
 {
     (void)w;
     (void)a;
-    if (heard.n < 256) {
-        heard.off[heard.n] = o;
-        heard.len[heard.n] = l;
-        heard.n++;
-    }
+    ema_check_heard_note(&heard, o, l);
 }
 
-static int heard_overlaps(size_t off, size_t len)
-{
-    for (int i = 0; i < heard.n; i++) {
-        if (heard.off[i] < off + len && off < heard.off[i] + heard.len[i]) {
-            return 1;
-        }
-    }
-    return 0;
-}
-
-static uint8_t pat(size_t i) { return (uint8_t)(i * 29u + 3u); }
-
-static void assert_pattern(const uint8_t *base, size_t len)
-{
-    for (size_t i = 0; i < len; i++) {
-        if (base[i] != pat(i)) {
-            ck_abort_msg("window byte %zu changed: %#x, pattern %#x", i, base[i], pat(i));
-        }
-    }
-}
 
 /* A window of @size bytes (grown to it, so what does not fit spills),
  * filled with the pattern. */
@@ -75,7 +47,7 @@ static ema_win_h win_with_pattern(size_t size, size_t first, uint8_t **base_p)
         ck_assert_int_eq(ema_win_grow(w, size), EMA_SUCCESS);
     }
     for (size_t i = 0; i < size; i++) {
-        ((uint8_t *)b)[i] = pat(i);
+        ((uint8_t *)b)[i] = ema_check_pat(i);
     }
     *base_p = b;
     return w;
@@ -93,7 +65,7 @@ static ema_win_h start(const char *capacity, size_t first, uint8_t **base_p)
 /* The window still holds its pattern: free it, and finalize. */
 static void finish(ema_win_h w, const uint8_t *base)
 {
-    assert_pattern(base, WSIZE);
+    ema_check_assert_pattern(base, WSIZE);
     ck_assert_int_eq(ema_win_free(w), EMA_SUCCESS);
     ck_assert_int_eq(ema_finalize(), EMA_SUCCESS);
 }
@@ -170,7 +142,7 @@ static void assert_refused(ema_win_h w, const uint8_t *base, ema_win_policy_para
     ck_assert_uint_eq(st.count, NSEG);
     ck_assert_uint_eq(st.depth, 3);
     ck_assert_uint_eq(st.group, 1);
-    assert_pattern(base, WSIZE);
+    ema_check_assert_pattern(base, WSIZE);
 }
 
 EMA_TEST("args", test_set_policy_rejects_bad_params_and_keeps_the_policy)
@@ -303,13 +275,14 @@ EMA_TEST("work", test_policy_brings_groups_ahead_home_and_spills_groups_behind)
     ck_assert_uint_eq(st.bytes_ahead_local, 2 * SEG);
     ck_assert_uint_eq(st.bytes_prefetched, 2 * SEG);
     ck_assert_uint_eq(st.bytes_evicted, 2 * SEG);
-    ck_assert(!heard_overlaps(0, SEG));       /* group 0: behind, not needed */
-    ck_assert(!heard_overlaps(3 * SEG, SEG)); /* the current group */
-    ck_assert(heard_overlaps(SEG, SEG) && heard_overlaps(2 * SEG, SEG));
+    ck_assert(!ema_check_heard_overlaps(&heard, 0, SEG));       /* group 0: behind, not needed */
+    ck_assert(!ema_check_heard_overlaps(&heard, 3 * SEG, SEG)); /* the current group */
+    ck_assert(ema_check_heard_overlaps(&heard, SEG, SEG) &&
+              ema_check_heard_overlaps(&heard, 2 * SEG, SEG));
     ck_assert_int_eq(ema_win_stat(w, &ws), EMA_SUCCESS);
     ck_assert_uint_eq(ws.bytes_local, 4 * SEG);
     ck_assert_uint_eq(ws.bytes_spilled, 4 * SEG);
-    assert_pattern(base, WSIZE);
+    ema_check_assert_pattern(base, WSIZE);
 
     /* at group 5 with groups 3 and 4 held: 6 and 7 ahead, but only 0 may
      * leave (3, 4 held; 5 current), so only 6 comes home */
@@ -321,15 +294,15 @@ EMA_TEST("work", test_policy_brings_groups_ahead_home_and_spills_groups_behind)
     ck_assert_uint_eq(st.bytes_ahead_local, SEG);
     ck_assert_uint_ge(st.skipped_held, 2);
     ck_assert_uint_eq(st.bytes_evicted, 3 * SEG);
-    ck_assert(!heard_overlaps(3 * SEG, 2 * SEG)); /* held: never about to move */
-    ck_assert(heard_overlaps(0, SEG));
+    ck_assert(!ema_check_heard_overlaps(&heard, 3 * SEG, 2 * SEG)); /* held: never about to move */
+    ck_assert(ema_check_heard_overlaps(&heard, 0, SEG));
     /* the owner writes into what it holds meanwhile: kept */
     for (size_t i = 3 * SEG; i < 5 * SEG; i++) {
-        base[i] = (uint8_t)~pat(i);
+        base[i] = (uint8_t)~ema_check_pat(i);
     }
     for (size_t i = 3 * SEG; i < 5 * SEG; i++) {
-        ck_assert_uint_eq(base[i], (uint8_t)~pat(i));
-        base[i] = pat(i);
+        ck_assert_uint_eq(base[i], (uint8_t)~ema_check_pat(i));
+        base[i] = ema_check_pat(i);
     }
     ck_assert_int_eq(ema_win_release(w, 3 * SEG, 2 * SEG), EMA_SUCCESS);
 
@@ -338,7 +311,7 @@ EMA_TEST("work", test_policy_brings_groups_ahead_home_and_spills_groups_behind)
     drain();
     st = pstat(w);
     ck_assert_uint_eq(st.bytes_ahead_local, 2 * SEG);
-    assert_pattern(base, WSIZE);
+    ema_check_assert_pattern(base, WSIZE);
 
     /* NO_EVICT: nothing leaves, so nothing of group 1, 2 comes home */
     ema_win_policy_params_t q = params(2, EMA_WIN_POLICY_FLAG_NO_EVICT);

@@ -462,7 +462,11 @@ static void kv_shrink_to(kv_cache_t *kc, size_t segs, double now, const char *wh
  * which then preempts.  Host model (doc/kv_serving.md), session 10:
  * elastic / oracle on the rotating load 0.81 calm, 0.94 always eager, 0.93
  * on demand; elastic / static on the stationary one 1.04, 0.84 and 0.88.
- * With session 11's victim choice, on demand: 0.95-0.97 and 1.09. */
+ * With session 11's victim choice, on demand: 0.95-0.97 and 1.09.
+ * Session 16, C = 256 MiB, 12 seeds: the peak of 2 eighths (0.25 s)
+ * instead of 4 gave 0.972 against 0.959 (rotating) and 0.953 against 0.920
+ * elastic / double (stationary); 20 seeds of rotating 0.970 against 0.954.
+ * 1 eighth was no better (0.969), 8 worse (0.915), so the default is 2. */
 static int kv_peer_short(kv_cache_t *kc, double now)
 {
     ema_mem_stat_t ms = {0};

@@ -545,7 +545,7 @@ static void usage(void)
         "  --shrink-after-ms X elastic: give back only what was unused this long (1000)\n"
         "  --eager KEEP,EIGHTHS  elastic, while a peer is short of memory (ema_mem_stat's\n"
         "                      bytes_unmet rose in the last shrink-after): KEEP spare\n"
-        "                      segments and the peak of EIGHTHS/8 of shrink-after (0,4)\n"
+        "                      segments and the peak of EIGHTHS/8 of shrink-after (0,2)\n"
         "  --backoff-ms A,B    elastic: retry a failed grow after A ms, doubling up to B\n"
         "                      (5,320; after a refusal always A)\n"
         "  --hold-ms X         elastic: no grow for X ms after a give-back (50)\n"
@@ -688,7 +688,7 @@ int main(int argc, char **argv)
     p->shrink_keep = 2;
     p->shrink_after_s = 1;
     p->eager_keep = 0;
-    p->eager_buckets = 4;
+    p->eager_buckets = 2;
     p->grow_backoff_s = 5;
     p->grow_backoff_max_s = 320;
     p->giveback_hold_s = 0.05;

@@ -41,14 +41,16 @@ SCENARIOS = ["rotating", "stationary", "allbusy"]
 PRESETS = {
     "host": dict(kv_mem="1M", seg="64K", tok_bytes=64, args=[]),
     # cuda: decode-heavy requests (prompts of 128, outputs of 256 tokens at
-    # the median), so that K/V memory, not prefill, bounds a hot rank; C =
-    # 1 GiB, so that reading it (about 2 ms a step on an H200 shared by 4
-    # ranks) costs less than streaming the 8 GB of weights; phases of 6 s,
-    # about two request lifetimes.  The first H200 run, with 1.5 s phases
-    # and 48-token outputs, was prefill-bound (doc/kv_serving.md).
-    # 128 MiB segments (EMA's cuda default is 256 MiB since 2026-12-03): a
-    # KV cache of 1 GiB lends in 8 of them, as in the first H200 run.
-    "cuda": dict(kv_mem="1G", seg="128M", tok_bytes=131072,
+    # the median), so that K/V memory, not prefill, bounds a hot rank; phases
+    # of 6 s, about two request lifetimes.  The first H200 run, with 1.5 s
+    # phases and 48-token outputs, was prefill-bound (doc/kv_serving.md).
+    # C = 256 MiB in 8 segments of 32 MiB: a step streams 8 GB of weights
+    # (8.8 ms on an H200 shared by 4 ranks), and the K/V it reads must cost
+    # little beside that, or more memory buys slower steps instead of more
+    # requests.  At C = 1 GiB (the preset until session 17) a hot rank at
+    # 1.8 C stepped 15% slower than at C, and even double memory gained only
+    # 1.44x static; at 256 MiB the host model gives double 1.53x.
+    "cuda": dict(kv_mem="256M", seg="32M", tok_bytes=131072,
                  args=["--phase", "6", "--warmup", "2", "--drain", "3",
                        "--prompt", "128,0.6,16,512", "--output", "256,0.6,32,768",
                        "--weights-gb", "8"]),
@@ -583,8 +585,8 @@ def main():
     ap.add_argument("--scenarios", default=",".join(SCENARIOS))
     ap.add_argument("--sweep", default="", help="hot demands for the load sweep, e.g. 1,1.4,2.2")
     ap.add_argument("--sweep-seeds", type=int, default=2)
-    ap.add_argument("--kv-mem", help="C per rank (host 1M, cuda 1G)")
-    ap.add_argument("--seg", help="EMA_SEGMENT_SIZE (host 64K; cuda 128M)")
+    ap.add_argument("--kv-mem", help="C per rank (host 1M, cuda 256M)")
+    ap.add_argument("--seg", help="EMA_SEGMENT_SIZE (host 64K; cuda 32M)")
     ap.add_argument("--tok-bytes", type=int)
     ap.add_argument("--oracle-mult", type=float, default=3)
     ap.add_argument("--lend-reserve", default="0", help="elastic's EMA_LEND_RESERVE")

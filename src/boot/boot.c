@@ -23,6 +23,14 @@ static pmix_proc_t ema_boot_proc;
  * again on every failed try broke later fences: after some tens of cycles
  * a valid ema_init failed with a bootstrap, timeout or transport error. */
 static int ema_boot_pmix_up;
+/* Set while PMIx is up with no world on it: after a failed ema_init.  A
+ * process that then exits (a failed ema_init usually ends the program)
+ * must still say goodbye to its launcher, or Open MPI's prterun aborts the
+ * whole job ("called init but exited without calling finalize") and the
+ * other ranks lose their output; and ema_finalize answers EMA_ERR_STATE
+ * after a failed ema_init, so the program cannot.  boot_fini does it at
+ * exit (or at dlclose of libema). */
+static int ema_boot_idle;
 
 /* The launcher's word on lost processes (ema__boot_watch). */
 static void (*_Atomic ema_boot_lost_cb)(void *arg, int rank);
@@ -111,6 +119,7 @@ ema_status_t ema__boot_init(ema__boot_t *boot)
         }
         ema_boot_pmix_up = 1;
     }
+    ema_boot_idle = 0;
 
     PMIX_PROC_CONSTRUCT(&wild);
     PMIX_LOAD_PROCID(&wild, ema_boot_proc.nspace, PMIX_RANK_WILDCARD);
@@ -214,7 +223,21 @@ void ema__boot_finalize(ema__boot_t *boot)
 void ema__boot_abandon(ema__boot_t *boot)
 {
     /* PMIx stays up for the next ema_init (see ema_boot_pmix_up) */
+    ema_boot_idle   = ema_boot_pmix_up;
     boot->singleton = 1;
+}
+
+/* A destructor rather than atexit: it also runs when libema is unloaded
+ * (a Python process that dlcloses it), where an atexit handler would
+ * point into unmapped code.  libpmix, which libema needs, is torn down
+ * after it.  A world still up at exit (no ema_finalize) is left alone. */
+__attribute__((destructor)) static void boot_fini(void)
+{
+    if (ema_boot_pmix_up && ema_boot_idle) {
+        PMIx_Finalize(NULL, 0);
+        ema_boot_pmix_up = 0;
+        ema_boot_idle    = 0;
+    }
 }
 
 /* A fence that collects the data every rank put, bounded by EMA_BOOT_TIMEOUT. */

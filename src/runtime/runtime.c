@@ -1,5 +1,7 @@
 #include "runtime.h"
 
+#include <inttypes.h>
+
 #include "util/config.h"
 #include "util/log.h"
 #include "util/state.h"
@@ -265,14 +267,20 @@ static ema_status_t runtime_check_params(const ema_init_params_t *params)
     if (params == NULL) {
         return EMA_SUCCESS;
     }
+    /* logged as ema_init's other parameter errors are: a failed ema_init
+     * is rare and fatal to most programs, so the line costs nothing */
     if (params->field_mask & ~known) {
+        ema_error("ema_init: unknown field_mask bits 0x%" PRIx64,
+                  (uint64_t)(params->field_mask & ~known));
         return EMA_ERR_INVALID_PARAM;
     }
     if ((params->field_mask & EMA_INIT_PARAM_FIELD_MEMORY_KIND) &&
         (params->memory_kind < EMA_MEMORY_KIND_AUTO || params->memory_kind > EMA_MEMORY_KIND_CUDA)) {
+        ema_error("ema_init: memory_kind %d is not an ema_memory_kind_t", (int)params->memory_kind);
         return EMA_ERR_INVALID_PARAM;
     }
     if ((params->field_mask & EMA_INIT_PARAM_FIELD_DEVICE_MEMORY) && params->device_memory == 0) {
+        ema_error("ema_init: device_memory is 0");
         return EMA_ERR_INVALID_PARAM;
     }
     return EMA_SUCCESS;

@@ -6,6 +6,12 @@
  *       test_init_succeeds_after_many_failed_inits
  *         40 ema_init calls failing with a bad segment size, then a valid
  *         one: it used to fail with a bootstrap, timeout or transport error.
+ *   test_regress init_fail_exit   (the script checks mpirun's exit)
+ *       every rank's ema_init fails (EMA_DEVICE_MEMORY=1K), and the program
+ *       prints one line and returns 0: mpirun must exit 0 with all four
+ *       lines.  Open MPI used to abort the job ("exited without calling
+ *       finalize"), killing the ranks that had not printed yet, since the
+ *       PMIx connection stayed open after the failed ema_init.
  *   test_regress held_noprog  (EMA_PROGRESS_THREAD=n, spill host)
  *       test_recall_of_held_segment_never_blocks_progress
  *         rank 0 holds one borrowed segment of four; the lender reclaims:
@@ -785,6 +791,13 @@ int main(int argc, char **argv)
         test_init_succeeds_after_many_failed_inits();
         return ema_test_finish("test_regress init_retry");
     }
+    if (strcmp(mode, "init_fail_exit") == 0) {
+        setenv("EMA_DEVICE_MEMORY", "1K", 1);
+        ema_status_t s = ema_init(NULL);
+        const char *r  = getenv("OMPI_COMM_WORLD_RANK");
+        printf("init_fail_exit rank %s: ema_init %s\n", r ? r : "?", ema_strerror(s));
+        return (s == EMA_ERR_INVALID_PARAM) ? 0 : 1;
+    }
     if (strcmp(mode, "early") == 0) {
         /* rank 2 is slow to make a new window known */
         const char *r = getenv("OMPI_COMM_WORLD_RANK");
@@ -814,7 +827,7 @@ int main(int argc, char **argv)
     } else if (strcmp(mode, "race") == 0) {
         test_moves_racing_third_rank_reads_lose_no_byte(argc > 2 ? atof(argv[2]) : 20.0);
     } else {
-        fprintf(stderr, "usage: %s init_retry|held_noprog|order|early|cblock|granted|race\n",
+        fprintf(stderr, "usage: %s init_retry|init_fail_exit|held_noprog|order|early|cblock|granted|race\n",
                 argv[0]);
         return 2;
     }

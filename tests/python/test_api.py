@@ -229,9 +229,22 @@ class TestWindow(harness.Case):
         for cls, fn in cases:
             with self.assertRaises(cls, msg=str(cls)):
                 fn()
+        # one type for a buffer EMA cannot use, whichever exporter refused
+        # (numpy raises ValueError, memoryview and bytes BufferError)
         strided = np.arange(64, dtype=np.uint8)[::2]
-        with self.assertRaises((BufferError, ValueError)):  # not contiguous
-            w.put(0, 0, strided)
+        ro = np.zeros(8, dtype=np.uint8)
+        ro.flags.writeable = False
+        for fn in (lambda: w.put(0, 0, strided), lambda: w.put(0, 0, memoryview(strided)),
+                   lambda: w.get(0, 0, ro), lambda: w.get(0, 0, b"read-only")):
+            with self.assertRaises(ema.UnusableBufferError) as cm:
+                fn()
+            self.assertIsInstance(cm.exception, ValueError)
+            self.assertIsInstance(cm.exception, BufferError)
+        # an offset past the part's end is a range error, nbytes given or not
+        with self.assertRaises(ema.RangeError):
+            w.view(w.size() + 4096)
+        with self.assertRaises(ema.RangeError):
+            w.view(w.size() + 4096, 16)
         self.assertEqual(ema.parse_size("2G"), 2 << 30)
         self.assertEqual(ema.parse_size("1KiB"), 1024)
 
@@ -365,6 +378,8 @@ class TestViews(harness.Case):
         gc.collect()
         v.close()
         self.assertTrue(v.closed and not v.pinned)
+        with self.assertRaises(BufferError):  # its memory may be gone
+            v.numpy()
         with self.assertRaises(ema.InvalidParamError):
             w.release(MiB, MiB)  # nothing held any more
         with w.view(0, 4096, pin=True) as v2:

@@ -24,10 +24,10 @@ folders (., build/, build-gpu/: .libs/libema.so.0), then the system's
 """
 
 from . import _lib
-from .core import (Buffer, MemoryKind, MemStat, PolicyStat, Request, Window, WinStat, World,
-                   barrier, config_text, finalize, info_text, init, is_initialized, mem_stat,
-                   memory_kind, parse_size, progress, rank, reclaim, reclaim_release, size,
-                   version)
+from .core import (Buffer, MemoryKind, MemStat, PolicyStat, Request, UnusableBufferError,
+                   Window, WinStat, World, barrier, config_text, finalize, info_text, init,
+                   is_initialized, mem_stat, memory_kind, parse_size, progress, rank, reclaim,
+                   reclaim_release, size, version)
 from .errors import ERRORS, EmaError, check, strerror
 from .errors import ERRORS as _E
 
@@ -45,8 +45,8 @@ __version__ = "0.1.0"
 __all__ = [
     "init", "finalize", "is_initialized", "rank", "size", "memory_kind", "barrier", "progress",
     "version", "config_text", "info_text", "reclaim", "reclaim_release", "mem_stat",
-    "parse_size", "World", "Window", "win_allocate", "Request", "Buffer", "MemoryKind",
-    "WinStat", "MemStat", "PolicyStat",
+    "parse_size", "World", "Window", "win_allocate", "Request", "Buffer", "UnusableBufferError",
+    "MemoryKind", "WinStat", "MemStat", "PolicyStat",
     "View", "CudaView", "DType", "DTYPES", "dtype_of", "ReclaimNotifier",
     "ReclaimEvent", "EmaError", "ERRORS", "STATUS_NAMES", "check", "strerror",
     "TIMEOUT_INFINITE", "library_path",

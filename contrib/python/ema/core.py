@@ -97,12 +97,21 @@ _PyBUF_SIMPLE = 0
 _PyBUF_WRITABLE = 1
 
 
+class UnusableBufferError(BufferError, ValueError):
+    """A buffer EMA cannot use: not contiguous, or read-only where EMA must
+    write.  Both a BufferError and a ValueError: the exporters disagree on
+    which one they raise (numpy ValueError, memoryview and bytes
+    BufferError), so one type is raised for all, and ``except ValueError``
+    (the README's rule for bad arguments) catches it."""
+
+
 class Buffer:
     """Holds the buffer of a Python object (PEP 3118) for as long as EMA may
     read or write it: the address and length of a contiguous buffer, with no
     copy.  The object cannot be resized meanwhile.  Raises TypeError for an
-    object without the buffer protocol, BufferError for a non-contiguous or
-    (when writable) read-only one."""
+    object without the buffer protocol, UnusableBufferError (a BufferError
+    and a ValueError) for a non-contiguous or (when writable) read-only
+    one."""
 
     __slots__ = ("_view", "addr", "nbytes", "_held")
 
@@ -114,6 +123,8 @@ class Buffer:
             _PyObject_GetBuffer(obj, ctypes.byref(self._view), flags)
         except TypeError:
             raise TypeError("a bytes-like object is required, not %s" % type(obj).__name__) from None
+        except (BufferError, ValueError) as e:
+            raise UnusableBufferError("%s: %s" % (type(obj).__name__, e)) from None
         self._held = True
         self.addr = self._view.buf or 0
         self.nbytes = self._view.len
@@ -506,7 +517,11 @@ class Window:
     def free(self):
         """ema_win_free(3): collective; completes outstanding operations.
         Views of the window are closed (their pins dropped) first; arrays
-        made from them must not be used afterwards."""
+        made from them must not be used afterwards.  While a pinned view
+        still has DLPack exports alive (arrays made with from_dlpack), the
+        pin cannot be dropped: free raises BufferError on this rank before
+        calling ema_win_free, and frees nothing here.  Since free is
+        collective, drop such arrays on every rank before calling it."""
         h = self._handle()
         for v in list(self._views):
             v.close()

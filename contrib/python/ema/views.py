@@ -336,8 +336,13 @@ class View(_Closing):
 
     def numpy(self):
         """A numpy array over the view's memory (host kind; no copy).  The
-        array keeps the view, and its pin, alive."""
+        array keeps the view, and its pin, alive.  Raises BufferError once
+        the view is closed.  (The buffer protocol of a closed view,
+        memoryview(v) or np.asarray(v), cannot refuse, as the view is a
+        ctypes array: its memory may be unmapped; do not use it.)"""
         import numpy
+        if self._closed:
+            raise BufferError("ema.View: closed")
         if self.kind != MemoryKind.HOST:
             raise TypeError("ema.View.numpy: the cuda kind's memory is on the GPU: use "
                             "__dlpack__ or __cuda_array_interface__")
@@ -377,7 +382,9 @@ def make_view(win, offset, nbytes, dtype, shape, pin):
         check(-2, "ema.Window.view")
     offset = parse_size(offset, "offset")
     part = win.size()
-    nbytes = part - offset if nbytes is None and offset <= part else nbytes
+    if offset > part:
+        raise RangeError(-4, "ema.Window.view")
+    nbytes = part - offset if nbytes is None else nbytes
     nbytes = parse_size(nbytes if nbytes is not None else -1, "nbytes")
     if offset + nbytes > part:
         raise RangeError(-4, "ema.Window.view")

@@ -161,7 +161,7 @@ enum {
     EMA_INFO_TOPOLOGY  = 1u << 1, /**< GPUs, NUMA nodes and links (works before init) */
     EMA_INFO_WORLD     = 1u << 2, /**< rank, size, memory kind, capacity (needs init) */
     EMA_INFO_TRANSPORT = 1u << 3, /**< UCX transports in use between ranks (needs init) */
-    EMA_INFO_ALL       = 0xffu
+    EMA_INFO_ALL       = 0xffu    /**< all parts; bits 4-7 are reserved for later ones */
 };
 
 /**

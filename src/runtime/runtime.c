@@ -732,7 +732,13 @@ EMA_EXPORT ema_status_t ema_info_print(FILE *stream, unsigned flags)
     ema__world_t *w = &ema_world;
     int ready = (ema__check_ready() == EMA_SUCCESS);
 
-    if (stream == NULL || (flags & ~(unsigned)EMA_INFO_ALL) || flags == 0) {
+    /* Bits 4-7 are reserved for later parts, so that EMA_INFO_ALL keeps
+     * meaning everything; flags that name no part would print nothing and
+     * succeed, which hides a caller's mistake. */
+    const unsigned parts = EMA_INFO_VERSION | EMA_INFO_TOPOLOGY | EMA_INFO_WORLD |
+                           EMA_INFO_TRANSPORT;
+
+    if (stream == NULL || (flags & ~(unsigned)EMA_INFO_ALL) || !(flags & parts)) {
         return EMA_ERR_INVALID_PARAM;
     }
     if (flags & EMA_INFO_VERSION) {

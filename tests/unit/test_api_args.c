@@ -786,7 +786,8 @@ END_TEST
 
 EMA_TEST("always_safe", test_info_print_bad_stream_or_flags_rejected_and_prints_nothing)
 {
-    static const unsigned bad[] = {0, 1u << 8, EMA_INFO_VERSION | (1u << 9), ~0u};
+    static const unsigned bad[] = {0, 1u << 4, 0xf0u, 1u << 8, EMA_INFO_VERSION | (1u << 9),
+                                   ~0u};
     ema_status_t s;
     init_small();
     ck_assert_int_eq(ema_info_print(NULL, EMA_INFO_ALL), EMA_ERR_INVALID_PARAM);

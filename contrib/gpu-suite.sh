@@ -109,6 +109,9 @@ summary() {
 }
 
 # --- the machine ------------------------------------------------------------
+# The --with-ucx build first, for ucx_info here as for the build and the runs
+# (the wheel's ucx_info found the system's libucs otherwise).
+export LD_LIBRARY_PATH=$ucx/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 echo "gpu-suite: $(date -u +%FT%TZ) on $(hostname), source $srcdir, build $build"
 echo "user $(id -un) (uid $(id -u)); kernel $(uname -r);" \
      "yama ptrace_scope $(cat /proc/sys/kernel/yama/ptrace_scope 2>/dev/null || echo n/a)" \
@@ -123,7 +126,6 @@ if [ -x "$ucx/bin/ucx_info" ]; then
 fi
 
 # --- build ------------------------------------------------------------------
-export LD_LIBRARY_PATH=$ucx/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 conf_args=(--with-cuda "--with-ucx=$ucx")
 conf_env=()
 if [ -n "$pmix" ]; then

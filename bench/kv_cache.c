@@ -306,7 +306,25 @@ static int kv_grow(kv_cache_t *kc, size_t missing, double now)
     }
     KV_TIMED(kc, ema_mem_stat(&m0));
     t0 = kv_now();
-    s = ema_win_grow(kc->win, want * kc->seg);
+    s = EMA_ERR_NO_MEMORY;
+    if (kc->p->grow_ahead > 0) {
+        /* headroom, so that the next steps need no grow; where there is
+         * not that much, the need alone */
+        size_t ahead = want + (size_t)kc->p->grow_ahead;
+        if (ahead > kc->max_segs) {
+            ahead = kc->max_segs;
+        }
+        if (ahead > want) {
+            s = ema_win_grow(kc->win, ahead * kc->seg);
+            if (s == EMA_SUCCESS) {
+                segs += ahead - want;
+                want  = ahead;
+            }
+        }
+    }
+    if (s == EMA_ERR_NO_MEMORY) {
+        s = ema_win_grow(kc->win, want * kc->seg);
+    }
     double us = (kv_now() - t0) * 1e6;
     kc->ema_us += us;
     KV_TIMED(kc, ema_mem_stat(&m1));

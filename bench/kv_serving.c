@@ -548,6 +548,7 @@ static void usage(void)
         "                      segments and the peak of EIGHTHS/8 of shrink-after (0,2)\n"
         "  --backoff-ms A,B    elastic: retry a failed grow after A ms, doubling up to B\n"
         "                      (5,320; after a refusal always A)\n"
+        "  --grow-ahead N      elastic: grow N segments beyond the need, or just the need (0)\n"
         "  --hold-ms X         elastic: no grow for X ms after a give-back (50)\n"
         "  --model B,D,K,P     step model: base ms, decode us/token, KV us/token read,\n"
         "                      prefill us/token (8,20,0.1,40)\n"
@@ -640,6 +641,15 @@ static int parse_args(kv_params_t *p, int argc, char **argv)
         else if (!strcmp(a, "--backoff-ms"))
             sscanf(v, "%lf,%lf", &p->grow_backoff_s, &p->grow_backoff_max_s);
         else if (!strcmp(a, "--hold-ms")) p->giveback_hold_s = atof(v) * 1e-3;
+        else if (!strcmp(a, "--grow-ahead")) {
+            char *end;
+            long n = strtol(v, &end, 10);
+            if (end == v || *end != '\0' || n < 0 || n > 1024) {
+                fprintf(stderr, "kv_serving: --grow-ahead takes segments 0..1024, not %s\n", v);
+                return -1;
+            }
+            p->grow_ahead = (int)n;
+        }
         else if (!strcmp(a, "--model"))
             sscanf(v, "%lf,%lf,%lf,%lf", &p->m_base_ms, &p->m_dec_us, &p->m_kv_us, &p->m_pf_us);
         else if (!strcmp(a, "--slo")) sscanf(v, "%lf,%lf", &p->slo_ttft_s, &p->slo_tpot_s);

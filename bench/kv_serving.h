@@ -60,6 +60,7 @@ typedef struct {
     int      eager_keep;     /* elastic, while a peer is short: shrink_keep then */
     int      eager_buckets;  /* ... and the peak over this many eighths of shrink_after_s */
     double   grow_backoff_s, grow_backoff_max_s;
+    int      grow_ahead;     /* elastic: segments asked for beyond the need (falls back to the need) */
     double   giveback_hold_s;
     /* step model (virtual clock of the host kind; rates of every kind) */
     double m_base_ms, m_dec_us, m_kv_us, m_pf_us;

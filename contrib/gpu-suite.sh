@@ -7,7 +7,8 @@
 #
 # DIR for --with-ucx is a UCX install built with CUDA support (configure
 # --with-cuda); Debian/Ubuntu's UCX packages lack cuda_ipc.  Steps:
-#   1. autoreconf (when configure is missing or stale), configure --with-cuda,
+#   1. autoreconf (when configure is missing or stale, and autoreconf and
+#      libtoolize are there), configure --with-cuda,
 #      make, and build the multi-rank test programs (make check TESTS=);
 #   2. ema_info;
 #   3. every test program of tests/mpi on 2 and 4 ranks (--np: the list of

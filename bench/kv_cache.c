@@ -306,21 +306,14 @@ static int kv_grow(kv_cache_t *kc, size_t missing, double now)
     }
     KV_TIMED(kc, ema_mem_stat(&m0));
     t0 = kv_now();
+    /* --grow-ahead: headroom, so that the next steps need no grow; where
+     * there is not that much, the need alone */
+    size_t ahead = want + (size_t)kc->p->grow_ahead;
+    ahead = (ahead < kc->max_segs) ? ahead : kc->max_segs;
     s = EMA_ERR_NO_MEMORY;
-    if (kc->p->grow_ahead > 0) {
-        /* headroom, so that the next steps need no grow; where there is
-         * not that much, the need alone */
-        size_t ahead = want + (size_t)kc->p->grow_ahead;
-        if (ahead > kc->max_segs) {
-            ahead = kc->max_segs;
-        }
-        if (ahead > want) {
-            s = ema_win_grow(kc->win, ahead * kc->seg);
-            if (s == EMA_SUCCESS) {
-                segs += ahead - want;
-                want  = ahead;
-            }
-        }
+    if (ahead > want && (s = ema_win_grow(kc->win, ahead * kc->seg)) == EMA_SUCCESS) {
+        segs += ahead - want;
+        want  = ahead;
     }
     if (s == EMA_ERR_NO_MEMORY) {
         s = ema_win_grow(kc->win, want * kc->seg);

@@ -125,6 +125,7 @@ enum { PERF_TIMER_AUTO = 0, PERF_TIMER_WALL, PERF_TIMER_EVENTS };
 typedef struct {
     int    csv, verbose, single;
     int    raw_vmm; /* cuda: the raw target buffer is a VMM allocation (--raw-mem vmm) */
+    int    raw_mem_set; /* --raw-mem given: a cuda-kind option, refused on host */
     int    timer;   /* put/get: PERF_TIMER_*; AUTO: events on the cuda kind, else wall */
     char   ops[256];
     size_t min, max;
@@ -1788,6 +1789,7 @@ static int perf_parse(int argc, char **argv, perf_opts_t *o)
             if (strcmp(optarg, "cudamalloc") == 0) o->raw_vmm = 0;
             else if (strcmp(optarg, "vmm") == 0) o->raw_vmm = 1;
             else return perf_bad("raw-mem", optarg);
+            o->raw_mem_set = 1;
             break;
         case 'C':
             if (strcmp(optarg, "events") == 0) o->timer = PERF_TIMER_EVENTS;
@@ -2073,6 +2075,15 @@ int main(int argc, char **argv)
         p->gpu = (ms.memory_kind == EMA_MEMORY_KIND_CUDA);
         if (p->gpu && perf_gpu_init(ms.device < 0 ? 0 : ms.device) != 0) {
             perf_die("the cuda memory kind needs ema_perf's GPU side: %s", perf_gpu_error());
+        }
+        if (p->o.raw_mem_set && !p->gpu) {
+            /* the host kind's raw target is a memfd: nothing to choose */
+            if (p->rank == 0) {
+                fprintf(stderr, "ema_perf: --raw-mem needs the cuda memory kind "
+                        "(EMA_MEMORY_KIND=cuda)\n");
+            }
+            ema_finalize();
+            return 2;
         }
         if (p->o.timer == PERF_TIMER_AUTO) {
             p->o.timer = p->gpu ? PERF_TIMER_EVENTS : PERF_TIMER_WALL;

@@ -43,6 +43,7 @@ check 2 "empty --op" run 2 "$perf" --op ,
 check 2 "a world of 1" run 1 "$perf" --op put --min 8 --max 8
 check 2 "a bad --min" run 2 "$perf" --min 0
 check 2 "--timer events on host" run 2 "$perf" --timer events --op put --min 8 --max 8
+check 2 "--raw-mem on host" run 2 "$perf" --raw-mem vmm --op put --min 8 --max 8
 # ema_info: a stray argument is refused; output that cannot be written fails
 info="$top_builddir/src/tools/ema_info"
 check 2 "ema_info with an argument" "$info" -v extra

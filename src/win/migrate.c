@@ -408,6 +408,7 @@ void ema__win_notify(ema_win_h win, ema_reclaim_cb cb, void *cb_arg, const uint3
 {
     EMA_WIN_ASSERT_NONE_LOCKED(); /* the callback may call any ema_win_* */
     size_t seg     = win->ctx->seg_size;
+    size_t size    = atomic_load(&win->parts[win->ctx->rank].size);
     uint32_t *runs = (cb != NULL && n > 0) ? malloc(n * sizeof(*runs)) : NULL;
 
     if (runs == NULL) {
@@ -424,9 +425,14 @@ void ema__win_notify(ema_win_h win, ema_reclaim_cb cb, void *cb_arg, const uint3
         while (j < n && runs[j] == runs[j - 1] + 1) {
             j++;
         }
-        atomic_fetch_add(&win->ctx->callbacks, 1); /* acquires do not wait meanwhile */
-        cb(win, (size_t)runs[i] * seg, (size_t)(j - i) * seg, cb_arg);
-        atomic_fetch_sub(&win->ctx->callbacks, 1);
+        /* ranges of the part: the last segment counts up to its size */
+        size_t off = (size_t)runs[i] * seg, len = (size_t)(j - i) * seg;
+        if (off < size) {
+            len = (len < size - off) ? len : size - off;
+            atomic_fetch_add(&win->ctx->callbacks, 1); /* acquires do not wait meanwhile */
+            cb(win, off, len, cb_arg);
+            atomic_fetch_sub(&win->ctx->callbacks, 1);
+        }
         i = j;
     }
     free(runs);

@@ -421,6 +421,56 @@ int ema__win_desc_check(const ema__win_ctx_t *ctx, int r, const void *blob, size
     return 1;
 }
 
+/*
+ * A new window's own segments, from the memory provider when there is one:
+ * it keeps what ema_reclaim withholds out of this rank's windows too
+ * (ema_reclaim(3)), and takes them under its lock, so that a BORROW
+ * served meanwhile cannot lend them.  All @n or none: EMA_ERR_NO_MEMORY.
+ */
+static ema_status_t win_take_local(ema__win_ctx_t *ctx, uint32_t n, uint32_t *segs)
+{
+    ema__mem_arena_t *arena = ctx->tier[EMA_TIER_DEVICE];
+
+    if (ctx->mem_ops == NULL) {
+        return ema__seg_pool_alloc(&arena->pool, n, EMA_SEG_USED, segs);
+    }
+    ema__loc_t *locs = calloc(n ? n : 1, sizeof(*locs));
+    int64_t *handles = calloc(n ? n : 1, sizeof(*handles));
+    ema_status_t status = EMA_ERR_NO_MEMORY;
+    if (locs != NULL && handles != NULL) {
+        uint32_t got = ctx->mem_ops->acquire(ctx->mem_arg, n, -1, EMA_WIN_FROM_LOCAL, locs,
+                                             handles);
+        if (got == n) {
+            for (uint32_t i = 0; i < n; i++) {
+                segs[i] = EMA_LOC_SEG(locs[i]);
+            }
+            status = EMA_SUCCESS;
+        } else if (got > 0) {
+            ctx->mem_ops->release(ctx->mem_arg, locs, got);
+        }
+    }
+    free(locs);
+    free(handles);
+    return status;
+}
+
+/* Give back what win_take_local took. */
+static void win_give_local(ema__win_ctx_t *ctx, uint32_t n, const uint32_t *segs)
+{
+    ema__mem_arena_t *arena = ctx->tier[EMA_TIER_DEVICE];
+    ema__loc_t *locs        = (ctx->mem_ops != NULL) ? calloc(n ? n : 1, sizeof(*locs)) : NULL;
+
+    if (locs == NULL) { /* no provider, or no memory for the batch */
+        ema__seg_pool_free(&arena->pool, n, segs);
+        return;
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        locs[i] = EMA_LOC(ctx->rank, EMA_TIER_DEVICE, segs[i]);
+    }
+    ctx->mem_ops->release(ctx->mem_arg, locs, n);
+    free(locs);
+}
+
 ema_status_t ema__win_allocate(ema__win_ctx_t *ctx, ema_status_t arg, size_t size,
                                const ema_win_params_t *params, void **base_p, ema_win_h *win_p)
 {
@@ -488,10 +538,10 @@ ema_status_t ema__win_allocate(ema__win_ctx_t *ctx, ema_status_t arg, size_t siz
     /* 1. take local segments and map them at the part's base.  Allocation
      * uses local memory only, so that it fails the same way on every rank;
      * ema_win_grow() is what borrows and spills. */
-    local = ema__seg_pool_alloc(&arena->pool, nsegs, EMA_SEG_USED, segs);
+    local = win_take_local(ctx, nsegs, segs);
     if (local != EMA_SUCCESS) {
-        ema_debug("window of %zu bytes needs %u segments, %u free", size, nsegs,
-                  ema__seg_pool_nfree(&arena->pool));
+        ema_debug("window of %zu bytes needs %u segments, %u free (some may be withheld)",
+                  size, nsegs, ema__seg_pool_nfree(&arena->pool));
         goto exchange;
     }
     taken = 1;
@@ -627,7 +677,7 @@ err_unmap:
         }
     }
     if (taken) {
-        ema__seg_pool_free(&arena->pool, nsegs, segs);
+        win_give_local(ctx, nsegs, segs);
     }
     free(segs);
     free(desc);

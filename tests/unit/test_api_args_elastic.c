@@ -183,6 +183,39 @@ EMA_TEST("elastic", test_reclaim_zero_or_over_capacity_and_release_unwithheld_re
 }
 END_TEST
 
+/* Withheld memory backs none of this rank's new windows (ema_reclaim(3)):
+ * an allocation that needs it fails with EMA_ERR_NO_MEMORY and changes
+ * nothing; one that fits beside it succeeds; released, it is usable again.
+ * ema_win_allocate took its segments from the arena directly and used
+ * withheld memory (found by a new-user program, session 20). */
+EMA_TEST("elastic", test_allocate_does_not_use_withheld_memory)
+{
+    uint8_t *base;
+    ema_mem_stat_t before = {0}, m = {0};
+    ema_win_h w = init_with_pattern(&base, &before), w2 = NULL;
+    void *b2 = (void *)1;
+
+    ck_assert_int_eq(ema_reclaim(before.bytes_free, 1000), EMA_SUCCESS);
+    ck_assert_int_eq(ema_mem_stat(&m), EMA_SUCCESS);
+    ck_assert_uint_eq(m.bytes_withheld, before.bytes_free);
+    ck_assert_int_eq(ema_win_allocate(SEG, NULL, &b2, &w2), EMA_ERR_NO_MEMORY);
+    ck_assert_ptr_eq(w2, NULL);
+    ck_assert_int_eq(ema_mem_stat(&m), EMA_SUCCESS);
+    ck_assert_uint_eq(m.bytes_used, before.bytes_used);
+    ck_assert_uint_eq(m.bytes_free, before.bytes_free);
+    /* withhold all but 2 segments: 2 fit, 3 do not */
+    ck_assert_int_eq(ema_reclaim_release(2 * SEG), EMA_SUCCESS);
+    ck_assert_int_eq(ema_win_allocate(3 * SEG, NULL, &b2, &w2), EMA_ERR_NO_MEMORY);
+    ck_assert_int_eq(ema_win_allocate(2 * SEG, NULL, &b2, &w2), EMA_SUCCESS);
+    ck_assert_int_eq(ema_mem_stat(&m), EMA_SUCCESS);
+    ck_assert_uint_eq(m.bytes_free, m.bytes_withheld); /* withheld: still free, unused */
+    ck_assert_int_eq(ema_win_free(w2), EMA_SUCCESS);
+    ck_assert_int_eq(ema_reclaim_release(before.bytes_free - 2 * SEG), EMA_SUCCESS);
+    assert_unchanged(w, base, &before);
+    ck_assert_int_eq(ema_finalize(), EMA_SUCCESS);
+}
+END_TEST
+
 EMA_TEST("elastic", test_acquire_release_outside_part_zero_length_or_unacquired_rejected)
 {
     uint8_t *base;

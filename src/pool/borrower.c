@@ -629,10 +629,22 @@ static void ema_pool_changed(void *arg, unsigned what)
     }
 }
 
+/* Free segments of the own arena that are not withheld. */
+static uint32_t ema_pool_local_free(void *arg)
+{
+    ema__pool_t *pool = arg;
+    pthread_mutex_lock(&pool->lock);
+    uint32_t nfree = ema__seg_pool_nfree(&pool->arena->pool);
+    uint32_t n     = nfree > pool->withheld ? nfree - pool->withheld : 0;
+    pthread_mutex_unlock(&pool->lock);
+    return n;
+}
+
 const ema__win_mem_ops_t ema__pool_mem_ops = {
     .acquire          = ema_pool_acquire,
     .release          = ema_pool_release,
     .mapped           = ema_pool_mapped,
     .reclaim_for_self = ema_pool_reclaim_for_self,
     .changed          = ema_pool_changed,
+    .local_free       = ema_pool_local_free,
 };

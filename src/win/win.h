@@ -160,6 +160,9 @@ typedef struct ema__win_mem_ops {
                                  int64_t *handles);
     /* EMA_WIN_CHANGED_* bits: tell the peers, retry parked recalls. */
     void     (*changed)(void *arg, unsigned what);
+    /* How many segments acquire(EMA_WIN_FROM_LOCAL) could take now: the
+     * own arena's free ones, less those ema_reclaim withholds. */
+    uint32_t (*local_free)(void *arg);
 } ema__win_mem_ops_t;
 
 /* EMA_CUDA_PATH: how put and get reach the cuda kind's memory. */
@@ -525,6 +528,14 @@ ema_win_h    ema__win_list_next(ema__win_ctx_t *ctx, ema_win_h win) EMA_EXCLUDES
  * is (calloc'd windows, malloc'd or UCX-pooled requests: 8 at least), so
  * such values are refused rather than read.  Any other pointer is read for
  * its type's mark: one into unmapped memory still faults (ema(7) ERRORS). */
+/* Free segments of the own arena that a window may take now: through the
+ * memory provider (withheld ones excluded) where there is one. */
+static inline uint32_t ema__win_local_free(const ema__win_ctx_t *ctx)
+{
+    return (ctx->mem_ops != NULL) ? ctx->mem_ops->local_free(ctx->mem_arg)
+                                  : ema__seg_pool_nfree(&ctx->tier[EMA_TIER_DEVICE]->pool);
+}
+
 static inline int ema__handle_plausible(const void *p)
 {
     uintptr_t a = (uintptr_t)p;

@@ -216,6 +216,51 @@ EMA_TEST("elastic", test_allocate_does_not_use_withheld_memory)
 }
 END_TEST
 
+static size_t named_bytes;
+static void count_named(ema_win_h w, size_t o, size_t l, void *a)
+{
+    (void)w; (void)o; (void)a;
+    named_bytes += l;
+}
+
+/* A shrink names to the reclaim callback only what will move home
+ * (ema_win_set_reclaim_cb(3)), and it does so on the calling thread, before
+ * it returns: with the own memory all withheld nothing can come home, so
+ * nothing is named; with 2 segments released, 2 are named and come home.
+ * The cap on what is named counted withheld segments as free until
+ * session 20 (a prefetch and the policy share it). */
+EMA_TEST("elastic", test_shrink_names_only_what_withheld_memory_lets_move)
+{
+    uint8_t *base;
+    ema_mem_stat_t before = {0}, m = {0};
+    ema_win_h w = init_with_pattern(&base, &before);
+    ema_win_stat_t ws = {0};
+
+    ck_assert_int_eq(ema_reclaim(before.bytes_free, 1000), EMA_SUCCESS);
+    ck_assert_int_eq(ema_win_grow(w, MAXSIZE), EMA_SUCCESS); /* spilled: nothing else */
+    ck_assert_int_eq(ema_win_stat(w, &ws), EMA_SUCCESS);
+    ck_assert_uint_eq(ws.bytes_spilled, MAXSIZE - 4 * SEG);
+    ck_assert_int_eq(ema_win_set_reclaim_cb(w, count_named, NULL), EMA_SUCCESS);
+    named_bytes = 0;
+    ck_assert_int_eq(ema_win_shrink(w, 7 * SEG), EMA_SUCCESS);
+    ck_assert_uint_eq(named_bytes, 0);
+    ck_assert_int_eq(ema_win_stat(w, &ws), EMA_SUCCESS);
+    ck_assert_uint_eq(ws.bytes_spilled, 3 * SEG);
+    ck_assert_int_eq(ema_reclaim_release(2 * SEG), EMA_SUCCESS);
+    ck_assert_int_eq(ema_win_shrink(w, 6 * SEG), EMA_SUCCESS);
+    ck_assert_uint_eq(named_bytes, 2 * SEG);
+    ck_assert_int_eq(ema_win_stat(w, &ws), EMA_SUCCESS);
+    ck_assert_uint_eq(ws.bytes_spilled, 0);
+    ck_assert_uint_eq(ws.bytes_local, 6 * SEG);
+    for (size_t i = 0; i < WSIZE; i++) {
+        ck_assert_msg(base[i] == pat(i), "byte %zu changed", i);
+    }
+    ck_assert_int_eq(ema_mem_stat(&m), EMA_SUCCESS);
+    ck_assert_int_eq(ema_reclaim_release(m.bytes_withheld), EMA_SUCCESS);
+    ck_assert_int_eq(ema_finalize(), EMA_SUCCESS);
+}
+END_TEST
+
 EMA_TEST("elastic", test_acquire_release_outside_part_zero_length_or_unacquired_rejected)
 {
     uint8_t *base;

@@ -1,6 +1,7 @@
 /* ema_info: what EMA sees on this machine.  See ema_info(1). */
 #include <ema.h>
 #include <errno.h>
+#include <getopt.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -8,11 +9,11 @@
 static void usage(FILE *f)
 {
     fprintf(f, "usage: ema_info [-c] [-v] [-t] [-h]\n"
-               "  (none)  version, topology, world and UCX transports\n"
-               "  -c      every EMA_* variable with its value, default and help\n"
-               "  -v      versions only\n"
-               "  -t      topology only (no world is started)\n"
-               "  -h      this help\n");
+               "  (none)          version, topology, world and UCX transports\n"
+               "  -c, --config    every EMA_* variable with its value, default and help\n"
+               "  -v, --version   versions only\n"
+               "  -t, --topology  topology only (no world is started)\n"
+               "  -h, --help      this help\n");
 }
 
 /* @rc, or 1 where the output could not be written (a full disk, a closed
@@ -30,7 +31,12 @@ int main(int argc, char **argv)
 {
     int opt, config = 0, version = 0, topo = 0;
 
-    while ((opt = getopt(argc, argv, "cvth")) != -1) {
+    static const struct option longopts[] = {
+        {"config", no_argument, NULL, 'c'},   {"version", no_argument, NULL, 'v'},
+        {"topology", no_argument, NULL, 't'}, {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0}};
+
+    while ((opt = getopt_long(argc, argv, "cvth", longopts, NULL)) != -1) {
         switch (opt) {
         case 'c': config = 1; break;
         case 'v': version = 1; break;

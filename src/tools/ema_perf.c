@@ -2022,6 +2022,10 @@ int main(int argc, char **argv)
         if (perf_is_rank0_env()) {
             perf_usage(rc > 0 ? stdout : stderr);
         }
+        if (rc > 0 && (fflush(stdout) != 0 || ferror(stdout))) {
+            fprintf(stderr, "ema_perf: writing the usage failed: %s\n", strerror(errno));
+            return 1; /* -h into a full disk or a closed pipe */
+        }
         return rc > 0 ? 0 : 2;
     }
     unsigned opmask = perf_select_ops(p->o.ops);

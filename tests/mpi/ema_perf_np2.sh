@@ -47,7 +47,10 @@ check 2 "--raw-mem on host" run 2 "$perf" --raw-mem vmm --op put --min 8 --max 8
 # ema_info: a stray argument is refused; output that cannot be written fails
 info="$top_builddir/src/tools/ema_info"
 check 2 "ema_info with an argument" "$info" -v extra
+check 0 "ema_info --help" "$info" --help
+check 2 "ema_info --no-such-option" "$info" --no-such-option
 if [ -w /dev/full ]; then
     check 1 "ema_info writing to /dev/full" sh -c "'$info' -v > /dev/full"
+    check 1 "ema_perf -h writing to /dev/full" sh -c "'$perf' -h > /dev/full"
 fi
 exit $fail

@@ -408,6 +408,8 @@ class TestViews(harness.Case):
         finally:
             filler.free()  # 2M of local memory free
         n = ema.ReclaimNotifier()
+        with self.assertRaisesRegex(TypeError, "must be an ema.Window"):
+            n.watch(42)
         n.watch(w)
         n.read(0)
         pinned = w.view(6 * MiB, 2 * MiB, pin=True)

@@ -168,6 +168,9 @@ class ReclaimNotifier(_Closing):
         """Report the moves of this rank's part of win (replaces any reclaim
         callback of the window).  hold (seconds, pipe mode): make each move
         wait up to that long for ack() of its event."""
+        if not isinstance(win, Window):
+            raise TypeError("ema.ReclaimNotifier.watch: win must be an ema.Window, not %s"
+                            % type(win).__name__)
         token = self._token_of(win)
         if token is None:
             token = self._next

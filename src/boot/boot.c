@@ -8,7 +8,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
+#include <unistd.h>
 
 #define EMA_BOOT_CFG(_f) offsetof(ema__boot_config_t, _f)
 
@@ -252,9 +252,7 @@ __attribute__((destructor)) static void boot_fini(void)
     if (ema_boot_pmix_up && ema_boot_idle) {
         double left_us = ema_boot_up_us + EMA_BOOT_SETTLE_US - ema__now_us();
         if (left_us > 0) {
-            struct timespec ts = {(time_t)(left_us / 1e6),
-                                  (long)(left_us - (double)(time_t)(left_us / 1e6) * 1e6) * 1000};
-            nanosleep(&ts, NULL);
+            usleep((useconds_t)left_us); /* under 1 s */
         }
         PMIx_Finalize(NULL, 0);
         ema_boot_pmix_up = 0;

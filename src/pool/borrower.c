@@ -304,14 +304,21 @@ static int ema_pool_order(ema__pool_t *pool, int exclude, int *order)
     return n;
 }
 
+/* Free segments of the own arena that are not withheld: what this rank's
+ * windows may take.  Requires pool->lock. */
+static uint32_t ema_pool_own_free_locked(ema__pool_t *pool)
+{
+    uint32_t nfree = ema__seg_pool_nfree(&pool->arena->pool);
+    return nfree > pool->withheld ? nfree - pool->withheld : 0;
+}
+
 /* Up to @want free segments of the own arena that are not withheld, used
  * by this rank's windows from now on: fills @locs and @handles (@segs is
  * scratch for @want), returns how many.  Requires pool->lock. */
 static uint32_t ema_pool_take_own_locked(ema__pool_t *pool, uint32_t want, uint32_t *segs,
                                          ema__loc_t *locs, int64_t *handles)
 {
-    uint32_t nfree = ema__seg_pool_nfree(&pool->arena->pool);
-    uint32_t n     = nfree > pool->withheld ? nfree - pool->withheld : 0;
+    uint32_t n = ema_pool_own_free_locked(pool);
 
     n = n < want ? n : want;
     if (n == 0 || ema__seg_pool_alloc(&pool->arena->pool, n, EMA_SEG_USED, segs) != EMA_SUCCESS) {
@@ -629,13 +636,12 @@ static void ema_pool_changed(void *arg, unsigned what)
     }
 }
 
-/* Free segments of the own arena that are not withheld. */
+/* ema__win_mem_ops_t.local_free */
 static uint32_t ema_pool_local_free(void *arg)
 {
     ema__pool_t *pool = arg;
     pthread_mutex_lock(&pool->lock);
-    uint32_t nfree = ema__seg_pool_nfree(&pool->arena->pool);
-    uint32_t n     = nfree > pool->withheld ? nfree - pool->withheld : 0;
+    uint32_t n = ema_pool_own_free_locked(pool);
     pthread_mutex_unlock(&pool->lock);
     return n;
 }

@@ -209,7 +209,7 @@ static void ema_win_bring_home(ema_win_h win, uint32_t first, uint32_t last)
     n = ema_win_away(win, first, last, NULL, idx);
     if (n > 0 && cb != NULL) {
         /* those that may move: the first that fit in free memory */
-        uint32_t nfree = ema__win_local_free(ctx);
+        uint32_t nfree = ctx->mem_ops->local_free(ctx->mem_arg);
         n = (n < nfree) ? n : nfree;
         for (uint32_t i = 0; i < n; i++) {
             told[idx[i] - first] = 1;

@@ -501,7 +501,7 @@ static void policy_job(void *arg)
     policy_plan(win, pol, pos, &p, 0);
     ema_reclaim_cb cb = win->reclaim_cb;
     void *cb_arg      = win->reclaim_arg;
-    uint32_t nfree    = ema__win_local_free(ctx);
+    uint32_t nfree    = ctx->mem_ops->local_free(ctx->mem_arg);
     uint32_t out      = policy_short(&p, nfree);
     uint32_t in       = (p.nahead < nfree + out) ? p.nahead : nfree + out;
     /* what may move is what the owner hears of, and no more */

@@ -421,63 +421,14 @@ int ema__win_desc_check(const ema__win_ctx_t *ctx, int r, const void *blob, size
     return 1;
 }
 
-/*
- * A new window's own segments, from the memory provider when there is one:
- * it keeps what ema_reclaim withholds out of this rank's windows too
- * (ema_reclaim(3)), and takes them under its lock, so that a BORROW
- * served meanwhile cannot lend them.  All @n or none: EMA_ERR_NO_MEMORY.
- */
-static ema_status_t win_take_local(ema__win_ctx_t *ctx, uint32_t n, uint32_t *segs)
-{
-    ema__mem_arena_t *arena = ctx->tier[EMA_TIER_DEVICE];
-
-    if (ctx->mem_ops == NULL) {
-        return ema__seg_pool_alloc(&arena->pool, n, EMA_SEG_USED, segs);
-    }
-    ema__loc_t *locs = calloc(n ? n : 1, sizeof(*locs));
-    int64_t *handles = calloc(n ? n : 1, sizeof(*handles));
-    ema_status_t status = EMA_ERR_NO_MEMORY;
-    if (locs != NULL && handles != NULL) {
-        uint32_t got = ctx->mem_ops->acquire(ctx->mem_arg, n, -1, EMA_WIN_FROM_LOCAL, locs,
-                                             handles);
-        if (got == n) {
-            for (uint32_t i = 0; i < n; i++) {
-                segs[i] = EMA_LOC_SEG(locs[i]);
-            }
-            status = EMA_SUCCESS;
-        } else if (got > 0) {
-            ctx->mem_ops->release(ctx->mem_arg, locs, got);
-        }
-    }
-    free(locs);
-    free(handles);
-    return status;
-}
-
-/* Give back what win_take_local took. */
-static void win_give_local(ema__win_ctx_t *ctx, uint32_t n, const uint32_t *segs)
-{
-    ema__mem_arena_t *arena = ctx->tier[EMA_TIER_DEVICE];
-    ema__loc_t *locs        = (ctx->mem_ops != NULL) ? calloc(n ? n : 1, sizeof(*locs)) : NULL;
-
-    if (locs == NULL) { /* no provider, or no memory for the batch */
-        ema__seg_pool_free(&arena->pool, n, segs);
-        return;
-    }
-    for (uint32_t i = 0; i < n; i++) {
-        locs[i] = EMA_LOC(ctx->rank, EMA_TIER_DEVICE, segs[i]);
-    }
-    ctx->mem_ops->release(ctx->mem_arg, locs, n);
-    free(locs);
-}
-
 ema_status_t ema__win_allocate(ema__win_ctx_t *ctx, ema_status_t arg, size_t size,
                                const ema_win_params_t *params, void **base_p, ema_win_h *win_p)
 {
     ema__mem_arena_t *arena = ctx->tier[EMA_TIER_DEVICE];
     size_t seg = ctx->seg_size, max_size = size;
     ema_status_t status = EMA_SUCCESS, local = EMA_SUCCESS;
-    uint32_t *segs = NULL, nsegs, max_segs, mapped = 0;
+    int64_t *handles = NULL;
+    uint32_t nsegs, max_segs, mapped = 0;
     ema_win_desc_t *desc = NULL;
     struct ema_win *win = NULL;
     void **blobs = NULL;
@@ -513,8 +464,8 @@ ema_status_t ema__win_allocate(ema__win_ctx_t *ctx, ema_status_t arg, size_t siz
 
     win  = calloc(1, sizeof(*win));
     desc = calloc(1, desc_len);
-    segs = calloc(nsegs ? nsegs : 1, sizeof(*segs));
-    if (win == NULL || desc == NULL || segs == NULL) {
+    handles = calloc(nsegs ? nsegs : 1, sizeof(*handles));
+    if (win == NULL || desc == NULL || handles == NULL) {
         local = EMA_ERR_NO_MEMORY;
         goto exchange;
     }
@@ -537,11 +488,17 @@ ema_status_t ema__win_allocate(ema__win_ctx_t *ctx, ema_status_t arg, size_t siz
 
     /* 1. take local segments and map them at the part's base.  Allocation
      * uses local memory only, so that it fails the same way on every rank;
-     * ema_win_grow() is what borrows and spills. */
-    local = win_take_local(ctx, nsegs, segs);
-    if (local != EMA_SUCCESS) {
-        ema_debug("window of %zu bytes needs %u segments, %u free (some may be withheld)",
-                  size, nsegs, ema__seg_pool_nfree(&arena->pool));
+     * ema_win_grow() is what borrows and spills.  The segments come from
+     * the memory provider, as a grow's do: it leaves out what ema_reclaim
+     * withholds (ema_reclaim(3)) and takes them under its lock, so that no
+     * BORROW served meanwhile lends them.  All or none. */
+    uint32_t got = ctx->mem_ops->acquire(ctx->mem_arg, nsegs, -1, EMA_WIN_FROM_LOCAL,
+                                         desc->loc, handles);
+    if (got < nsegs) {
+        ema_debug("window of %zu bytes needs %u segments, %u free and not withheld", size,
+                  nsegs, got);
+        ctx->mem_ops->release(ctx->mem_arg, desc->loc, got);
+        local = EMA_ERR_NO_MEMORY;
         goto exchange;
     }
     taken = 1;
@@ -552,15 +509,14 @@ ema_status_t ema__win_allocate(ema__win_ctx_t *ctx, ema_status_t arg, size_t siz
         }
     }
     for (mapped = 0; mapped < nsegs; mapped++) {
-        ema__loc_t loc = EMA_LOC(ctx->rank, EMA_TIER_DEVICE, segs[mapped]);
-        local = arena->ops->map(arena, &ctx->exports[EMA_TIER_DEVICE][ctx->rank], segs[mapped],
-                                arena->ops->seg_handle(arena, segs[mapped]),
+        local = arena->ops->map(arena, &ctx->exports[EMA_TIER_DEVICE][ctx->rank],
+                                EMA_LOC_SEG(desc->loc[mapped]), handles[mapped],
                                 (char *)win->base + (size_t)mapped * seg);
         if (local != EMA_SUCCESS) {
             goto exchange;
         }
-        desc->loc[mapped] = loc;
     }
+    ctx->mem_ops->mapped(ctx->mem_arg, desc->loc, nsegs);
 
 exchange:
     /* 2. every rank learns every part, and whether any rank failed */
@@ -640,10 +596,8 @@ exchange:
     }
     ema__xport_free_blobs(ctx->xp, blobs, lens);
     free(desc);
-    free(segs);
-    if (ctx->mem_ops != NULL) {
-        ctx->mem_ops->changed(ctx->mem_arg, EMA_WIN_CHANGED_MEMORY); /* less of ours free */
-    }
+    free(handles);
+    ctx->mem_ops->changed(ctx->mem_arg, EMA_WIN_CHANGED_MEMORY); /* less of ours free */
     *base_p = (max_size > 0) ? win->base : NULL;
     *win_p  = win;
     return EMA_SUCCESS;
@@ -677,9 +631,9 @@ err_unmap:
         }
     }
     if (taken) {
-        win_give_local(ctx, nsegs, segs);
+        ctx->mem_ops->release(ctx->mem_arg, desc->loc, nsegs);
     }
-    free(segs);
+    free(handles);
     free(desc);
     if (linked) { /* the handle kept, with its lock, until ema__win_ctx_cleanup */
         pthread_mutex_lock(&ctx->lock);

@@ -528,14 +528,6 @@ ema_win_h    ema__win_list_next(ema__win_ctx_t *ctx, ema_win_h win) EMA_EXCLUDES
  * is (calloc'd windows, malloc'd or UCX-pooled requests: 8 at least), so
  * such values are refused rather than read.  Any other pointer is read for
  * its type's mark: one into unmapped memory still faults (ema(7) ERRORS). */
-/* Free segments of the own arena that a window may take now: through the
- * memory provider (withheld ones excluded) where there is one. */
-static inline uint32_t ema__win_local_free(const ema__win_ctx_t *ctx)
-{
-    return (ctx->mem_ops != NULL) ? ctx->mem_ops->local_free(ctx->mem_arg)
-                                  : ema__seg_pool_nfree(&ctx->tier[EMA_TIER_DEVICE]->pool);
-}
-
 static inline int ema__handle_plausible(const void *p)
 {
     uintptr_t a = (uintptr_t)p;

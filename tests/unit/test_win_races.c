@@ -176,8 +176,15 @@ static void stub_changed(void *arg, unsigned what)
     }
 }
 
+static uint32_t stub_local_free(void *arg)
+{
+    (void)arg;
+    return stub_give; /* what stub_acquire gives */
+}
+
 static const ema__win_mem_ops_t stub_ops = {stub_acquire, stub_release, stub_mapped,
-                                            stub_reclaim_for_self, stub_changed};
+                                            stub_reclaim_for_self, stub_changed,
+                                            stub_local_free};
 
 /* --- the world -------------------------------------------------------------- */
 

@@ -235,10 +235,21 @@ def run_all(a, binary, model):
     runs = plan(a)
     t_start = time.time()
     failed = []
+    longest = 0.0
     for i, (scn, cfg, seed, hot) in enumerate(runs):
         d = run_dir(a, scn, cfg, seed, hot)
         if not a.force and len(glob.glob(os.path.join(d, "summary_r*.csv"))) == a.np:
             continue
+        # --deadline: start a run only if one as long as the longest so far
+        # ends in time; a run cut off would be lost, and rerunning the same
+        # command goes on from the runs on disk.
+        if a.deadline and time.time() - a.t0 + longest > a.deadline:
+            a.left = sum(1 for (s2, c2, e2, h2) in runs[i:]
+                         if len(glob.glob(os.path.join(run_dir(a, s2, c2, e2, h2),
+                                                       "summary_r*.csv"))) != a.np)
+            print("deadline (%g s): %d of %d runs left; the same command goes on from here"
+                  % (a.deadline, a.left, len(runs)), flush=True)
+            break
         if os.path.isdir(d):
             shutil.rmtree(d)
         os.makedirs(d)
@@ -254,6 +265,7 @@ def run_all(a, binary, model):
             argv += demand_args(a.load_scale, hot)
         argv += a.extra
         rc, dt = launch(a, mpirun_cmd(a, env, argv), env, os.path.join(d, "run.log"))
+        longest = max(longest, dt)
         tag = "%s %s seed %d%s" % (scn, cfg, seed, "" if hot is None else " hot %g" % hot)
         print("[%d/%d] %-34s %5.1f s%s" % (i + 1, len(runs), tag, dt,
                                            "" if rc == 0 else "  FAILED (rc %d, %s/run.log)"
@@ -601,10 +613,15 @@ def main():
     ap.add_argument("--timeout", type=int, default=300, help="mpirun --timeout of each run")
     ap.add_argument("--order-seed", type=int, default=12345)
     ap.add_argument("--force", action="store_true", help="run again what is on disk")
+    ap.add_argument("--deadline", type=float, default=0,
+                    help="seconds: start no run that would end after this (0: none); "
+                    "exit 3 with runs left, which the same command runs next time")
     ap.add_argument("--no-run", action="store_true", help="only tabulate and plot")
     ap.add_argument("--no-plots", action="store_true")
     ap.add_argument("extra", nargs="*", help=argparse.SUPPRESS)
     a = ap.parse_args()
+    a.t0 = time.time()
+    a.left = 0
     preset = PRESETS[a.kind]
     a.kv_mem = a.kv_mem or preset["kv_mem"]
     a.seg = a.seg if a.seg is not None else preset["seg"]
@@ -645,6 +662,9 @@ def main():
     if failed:
         print("FAILED runs: %s" % ", ".join(failed))
         return 1
+    if a.left:
+        print("%d runs left (--deadline): run the same command again" % a.left)
+        return 3
     return 0
 
 

@@ -15,6 +15,17 @@
 
 static struct ema_request ema_req_done = {.magic = EMA_REQ_MAGIC_DONE};
 
+/* Whether @rank is lost.  Without a progress thread, nothing else may look
+ * for dead peers between this thread's waits (a put or a get over shared
+ * memory completes without one): look here, at most every 2 ms. */
+static inline int rma_peer_lost(ema__win_ctx_t *ctx, int rank)
+{
+    if (!ctx->progress_thread) {
+        ema__xport_peers_check(ctx->xp);
+    }
+    return ema__xport_peer_lost(ctx->xp, rank);
+}
+
 static inline ema_status_t rma_check(ema_win_h win, int rank, size_t offset, const void *buf,
                                      size_t len)
 {
@@ -28,7 +39,7 @@ static inline ema_status_t rma_check(ema_win_h win, int rank, size_t offset, con
     if (buf == NULL && len > 0) {
         return EMA_ERR_INVALID_PARAM;
     }
-    if (ema__xport_peer_lost(win->ctx->xp, rank)) {
+    if (rma_peer_lost(win->ctx, rank)) {
         return EMA_ERR_PEER_LOST; /* its part went with it */
     }
     size_t psize = atomic_load_explicit(&win->parts[rank].size, memory_order_acquire);
@@ -489,9 +500,9 @@ EMA_EXPORT ema_status_t ema_win_flush(ema_win_h win, int rank)
     }
     if (win->ctx->direct) {
         atomic_thread_fence(memory_order_seq_cst); /* copies are complete */
-        return ema__xport_peer_lost(win->ctx->xp, rank) ? EMA_ERR_PEER_LOST : EMA_SUCCESS;
+        return rma_peer_lost(win->ctx, rank) ? EMA_ERR_PEER_LOST : EMA_SUCCESS;
     }
-    if (ema__xport_peer_lost(win->ctx->xp, rank)) {
+    if (rma_peer_lost(win->ctx, rank)) {
         return EMA_ERR_PEER_LOST;
     }
     /* Flush the endpoint of every rank holding a segment of the part; the

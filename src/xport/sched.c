@@ -132,6 +132,9 @@ int ema__xport_flag_reached(void *arg)
 void ema__xport_wait_step(ema__xport_t *xp, unsigned mode)
 {
     if (ema__xport_wait_pass(xp, mode) == 0) {
+        /* as ema__xport_wait_idle: with EMA_PROGRESS_THREAD=n nobody else
+         * looks for a dead peer, and the collectives wait here */
+        ema__xport_peers_check(xp);
         ema__xport_idle(xp);
     }
 }

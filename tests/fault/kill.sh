@@ -15,6 +15,8 @@ if ! "$MPIRUN" --enable-recovery --timeout 10 -n 1 true >/dev/null 2>&1; then
 fi
 scenario=$1
 EMA_PEER_TIMEOUT=${EMA_PEER_TIMEOUT:-5}
+EMA_PROGRESS_THREAD=${EMA_PROGRESS_THREAD:-y}   # the _noprog wrappers: n
+export EMA_PROGRESS_THREAD
 FAULT_BOUND=$((10 + EMA_PEER_TIMEOUT))
 FAULT_DIR=$(mktemp -d)
 export EMA_PEER_TIMEOUT FAULT_BOUND FAULT_DIR
@@ -22,7 +24,7 @@ trap 'rm -rf "$FAULT_DIR"' EXIT
 out=$FAULT_DIR/out
 "$MPIRUN" --oversubscribe --enable-recovery --timeout $((FAULT_BOUND + 40)) \
     -x EMA_DEVICE_MEMORY=8M -x EMA_SEGMENT_SIZE=1M -x EMA_LEND_RESERVE=0 -x EMA_SPILL=none \
-    -x EMA_PEER_TIMEOUT -x FAULT_BOUND -x FAULT_DIR \
+    -x EMA_PEER_TIMEOUT -x EMA_PROGRESS_THREAD -x FAULT_BOUND -x FAULT_DIR \
     -n 3 "$top_builddir/tests/fault/test_fault" "$scenario" >"$out" 2>&1
 rc=$?
 cat "$out"

@@ -523,15 +523,24 @@ ema_win_h    ema__win_find(ema__win_ctx_t *ctx, uint32_t id);
 void         ema__win_put(ema_win_h win);
 ema_win_h    ema__win_list_next(ema__win_ctx_t *ctx, ema_win_h win) EMA_EXCLUDES(ctx->lock);
 
-/* Whether @p may be a handle before it is read: not in the first page (a
- * small integer: ema_put((ema_win_h)1, ...)) and aligned as every handle
- * is (calloc'd windows, malloc'd or UCX-pooled requests: 8 at least), so
- * such values are refused rather than read.  Any other pointer is read for
- * its type's mark: one into unmapped memory still faults (ema(7) ERRORS). */
+/* Whether @p may be a handle before it is read: aligned as every handle is
+ * (calloc'd windows, malloc'd or UCX-pooled requests: 8 at least), not a
+ * small integer (ema_put((ema_win_h)0x1000, ...)): nothing is mapped below
+ * Linux's default vm.mmap_min_addr of 64 KiB, and not above where user
+ * space ends (2^47 on x86-64, 2^56 with 5-level paging, 2^52 on arm64:
+ * 0x8000000000000000, (ema_win_h)-8).  Such values are refused rather than
+ * read.  Any other pointer is read for its type's mark: one into unmapped
+ * memory still faults (ema(7) ERRORS). */
+#define EMA_HANDLE_MIN ((uintptr_t)65536)
+#if UINTPTR_MAX > 0xffffffffu
+#define EMA_HANDLE_END ((uintptr_t)1 << 56)
+#else
+#define EMA_HANDLE_END UINTPTR_MAX
+#endif
 static inline int ema__handle_plausible(const void *p)
 {
     uintptr_t a = (uintptr_t)p;
-    return a >= 4096 && a % sizeof(void *) == 0;
+    return a >= EMA_HANDLE_MIN && a < EMA_HANDLE_END && a % sizeof(void *) == 0;
 }
 
 /* Check a handle: EMA_ERR_INVALID_HANDLE for NULL, freed or foreign handles. */

@@ -557,7 +557,12 @@ EMA_TEST("rma", test_rma_null_foreign_or_freed_window_returns_invalid_handle)
     /* and values no allocation returns, refused before they are read (a
      * small integer, a misaligned address: these used to fault) */
     ema_win_h bad[] = {NULL, FOREIGN_WIN, dead, (ema_win_h)(uintptr_t)1,
-                       (ema_win_h)(uintptr_t)4095, (ema_win_h)((char *)live + 1)};
+                       (ema_win_h)(uintptr_t)4095, (ema_win_h)((char *)live + 1),
+                       /* aligned, below 64 KiB or past user space: these faulted
+                        * until session 21 */
+                       (ema_win_h)(uintptr_t)0x1000, (ema_win_h)(uintptr_t)0xfff8,
+                       (ema_win_h)(uintptr_t)0x8000000000000000ull,
+                       (ema_win_h)(uintptr_t)-8};
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         assert_rma_calls_return(bad[i], 0, 1, EMA_ERR_INVALID_HANDLE);
     }
@@ -614,6 +619,9 @@ EMA_TEST("rma", test_wait_and_test_reject_null_or_foreign_request)
     ck_assert_int_eq(ema_wait((ema_request_h)(uintptr_t)1), EMA_ERR_INVALID_HANDLE);
     ck_assert_int_eq(ema_test((ema_request_h)(uintptr_t)1), EMA_ERR_INVALID_HANDLE);
     ck_assert_int_eq(ema_test((ema_request_h)((char *)junk + 3)), EMA_ERR_INVALID_HANDLE);
+    ck_assert_int_eq(ema_wait((ema_request_h)(uintptr_t)0x1000), EMA_ERR_INVALID_HANDLE);
+    ck_assert_int_eq(ema_test((ema_request_h)(uintptr_t)0xfff8), EMA_ERR_INVALID_HANDLE);
+    ck_assert_int_eq(ema_wait((ema_request_h)(uintptr_t)-8), EMA_ERR_INVALID_HANDLE);
     ck_assert_int_eq(ema_finalize(), EMA_SUCCESS);
 }
 END_TEST

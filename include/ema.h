@@ -91,7 +91,7 @@ enum {
 
 /**
  * Options of ema_init().  A field set here overrides the matching EMA_*
- * environment variable.
+ * environment variable, which is then not read at all.
  */
 typedef struct {
     uint64_t          field_mask;    /**< EMA_INIT_PARAM_FIELD_* bits. */

@@ -82,15 +82,35 @@ static ema__world_t ema_world;
 static ema_status_t runtime_read_config(ema__world_t *w, const ema_init_params_t *params)
 {
     const ema_config_field_t *tables[EMA_NMODULES + 1];
-    ema_status_t status;
+    const char *skip[4];
+    size_t nskip = 0;
+    ema_status_t status = EMA_SUCCESS;
 
+    /* A field set in @params overrides its variable, which is then not read
+     * at all: a bad value there fails nothing (ema.h). */
+    if (params != NULL) {
+        if (params->field_mask & EMA_INIT_PARAM_FIELD_MEMORY_KIND) {
+            skip[nskip++] = "MEMORY_KIND";
+        }
+        if (params->field_mask & EMA_INIT_PARAM_FIELD_DEVICE_MEMORY) {
+            skip[nskip++] = "DEVICE_MEMORY";
+        }
+        if (params->field_mask & EMA_INIT_PARAM_FIELD_SEGMENT_SIZE) {
+            skip[nskip++] = "SEGMENT_SIZE";
+        }
+    }
+    skip[nskip] = NULL;
+    /* every table, so that every bad variable is reported in one run */
     for (size_t m = 0; m < EMA_NMODULES; m++) {
-        status = ema__config_read(ema_config_modules[m].table,
-                                  (char *)w + ema_config_modules[m].offset);
-        if (status != EMA_SUCCESS) {
-            return status;
+        if (ema__config_read_skip(ema_config_modules[m].table,
+                                  (char *)w + ema_config_modules[m].offset,
+                                  skip) != EMA_SUCCESS) {
+            status = EMA_ERR_INVALID_PARAM;
         }
         tables[m] = ema_config_modules[m].table;
+    }
+    if (status != EMA_SUCCESS) {
+        return status;
     }
     tables[EMA_NMODULES] = NULL;
     ema__log_level = (ema_log_level_t)w->cfg.log_level;

@@ -221,19 +221,36 @@ static void config_enum_syntax(const ema_config_field_t *f, char *buf, size_t ma
     }
 }
 
-ema_status_t ema__config_read(const ema_config_field_t *table, void *opts)
+static int config_skipped(const char *name, const char *const *skip)
 {
+    for (; skip != NULL && *skip != NULL; skip++) {
+        if (!strcmp(name, *skip)) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+ema_status_t ema__config_read_skip(const ema_config_field_t *table, void *opts,
+                                   const char *const *skip)
+{
+    ema_status_t status = EMA_SUCCESS;
     char var[128];
 
+    /* Every field is read, whatever fails before it: each bad variable is
+     * reported (one run shows them all) and gets its default, and the
+     * others keep the values the environment sets (ema_config_print shows
+     * them so). */
     for (const ema_config_field_t *f = table; f->name != NULL; f++) {
         void *dst = (char *)opts + f->offset;
         if (f->parser->parse(f->dfl, dst, f->parser->arg) != 0) {
             ema_error("internal: bad default '%s' for EMA_%s", f->dfl, f->name);
-            return EMA_ERR_INVALID_PARAM;
+            status = EMA_ERR_INVALID_PARAM;
+            continue;
         }
         snprintf(var, sizeof(var), "EMA_%s", f->name);
         const char *val = getenv(var);
-        if (val == NULL) {
+        if (val == NULL || config_skipped(f->name, skip)) {
             continue;
         }
         if (f->parser->parse(val, dst, f->parser->arg) != 0) {
@@ -242,10 +259,15 @@ ema_status_t ema__config_read(const ema_config_field_t *table, void *opts)
             ema_error("invalid value '%s' for %s (expected %s)", val, var, syntax);
             /* restore the default so that a failed read leaves sane values */
             f->parser->parse(f->dfl, dst, f->parser->arg);
-            return EMA_ERR_INVALID_PARAM;
+            status = EMA_ERR_INVALID_PARAM;
         }
     }
-    return EMA_SUCCESS;
+    return status;
+}
+
+ema_status_t ema__config_read(const ema_config_field_t *table, void *opts)
+{
+    return ema__config_read_skip(table, opts, NULL);
 }
 
 void ema__config_print(const ema_config_field_t *table, const void *opts, FILE *stream)

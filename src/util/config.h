@@ -52,9 +52,16 @@ void ema__config_enum_print(char *buf, size_t max, const void *src, const void *
 
 /*
  * Fill @a opts from the defaults, then from EMA_<name> in the environment.
- * Logs one clear line and returns EMA_ERR_INVALID_PARAM on a bad value.
+ * A bad value logs one clear line and leaves its field at the default; the
+ * other fields are read all the same, and the call returns
+ * EMA_ERR_INVALID_PARAM.
  */
 ema_status_t ema__config_read(const ema_config_field_t *table, void *opts);
+/* The same, leaving the variables named in @skip (names without "EMA_",
+ * NULL-terminated; NULL: none) at their defaults: ema_init's parameters
+ * set those fields instead. */
+ema_status_t ema__config_read_skip(const ema_config_field_t *table, void *opts,
+                                   const char *const *skip);
 
 /* Print each field as "EMA_NAME=value  # help (default: dfl)". */
 void ema__config_print(const ema_config_field_t *table, const void *opts, FILE *stream);

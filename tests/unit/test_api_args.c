@@ -322,6 +322,27 @@ EMA_TEST("lifecycle", test_init_params_override_environment_capacity)
 }
 END_TEST
 
+/* A variable that the parameters override is not read: a bad value there
+ * failed ema_init until session 21. */
+EMA_TEST("lifecycle", test_init_params_override_a_bad_environment_value)
+{
+    ema_init_params_t p = {.field_mask = EMA_INIT_PARAM_FIELD_SEGMENT_SIZE,
+                           .device_memory = 4 * 1024 * 1024, .segment_size = SEG};
+    env_small();
+    setenv("EMA_DEVICE_MEMORY", "lots", 1);
+    setenv("EMA_SEGMENT_SIZE", "64KQ", 1);
+    /* EMA_DEVICE_MEMORY is read, and refused */
+    ck_assert_int_eq(ema_init(&p), EMA_ERR_INVALID_PARAM);
+    p.field_mask |= EMA_INIT_PARAM_FIELD_DEVICE_MEMORY;
+    ck_assert_int_eq(ema_init(&p), EMA_SUCCESS);
+    ema_mem_stat_t ms = {0};
+    ck_assert_int_eq(ema_mem_stat(&ms), EMA_SUCCESS);
+    ck_assert_uint_eq(ms.capacity, 4 * 1024 * 1024);
+    ck_assert_int_eq(ema_finalize(), EMA_SUCCESS);
+    env_small();
+}
+END_TEST
+
 /* --- world --------------------------------------------------------------- */
 
 EMA_TEST("lifecycle", test_world_rank_and_size_reject_null_and_report_world_of_one)

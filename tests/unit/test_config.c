@@ -196,6 +196,51 @@ END_TEST
 /* Timeouts: nan, inf and huge values meant "no timeout" or overflowed the
  * integer they become; each is now refused with one line and the field keeps
  * its default. */
+/* A bad value fails the read, but every other field still gets what the
+ * environment sets: ema_config_print (ema_info -c) showed EMA_SPILL=none,
+ * EMA_SPILL_SIZE=0 and more after one bad EMA_LEND_RESERVE, since the read
+ * stopped at it and left the rest zeroed. */
+EMA_TEST("read", test_read_bad_value_leaves_the_other_fields_read)
+{
+    cfg_t c;
+    char log[1024];
+    memset(&c, 0, sizeof(c));
+    clear_env();
+    setenv("EMA_UTEST_SIZE", "12Q", 1);   /* first: bad */
+    setenv("EMA_UTEST_FLAG", "yes", 1);
+    setenv("EMA_UTEST_COUNT", "9", 1);
+    setenv("EMA_UTEST_RATIO", "what", 1); /* bad too: both reported */
+    ck_assert_int_eq(read_capturing(&c, log, sizeof(log)), EMA_ERR_INVALID_PARAM);
+    ck_assert_msg(count_lines(log) == 2, "2 bad values logged %d lines: %s", count_lines(log),
+                  log);
+    ck_assert_uint_eq(c.size, 256u << 20); /* its default */
+    ck_assert_int_eq(c.flag, 1);
+    ck_assert_uint_eq(c.count, 9);
+    ck_assert_double_eq(c.ratio, 0.5);     /* its default */
+    ck_assert_int_eq(c.mode, 1);           /* unset: the default */
+    clear_env();
+}
+END_TEST
+
+/* A variable named in the skip list is not read, bad or not: ema_init's
+ * parameters override it (ema.h). */
+EMA_TEST("read", test_read_skip_ignores_the_variables_named)
+{
+    static const char *const skip[] = {"UTEST_SIZE", NULL};
+    cfg_t c;
+    clear_env();
+    setenv("EMA_UTEST_SIZE", "lots", 1);
+    setenv("EMA_UTEST_COUNT", "3", 1);
+    ck_assert_int_eq(ema__config_read_skip(table, &c, skip), EMA_SUCCESS);
+    ck_assert_uint_eq(c.size, 256u << 20);
+    ck_assert_uint_eq(c.count, 3);
+    setenv("EMA_UTEST_SIZE", "1M", 1);
+    ck_assert_int_eq(ema__config_read_skip(table, &c, skip), EMA_SUCCESS);
+    ck_assert_uint_eq(c.size, 256u << 20);
+    clear_env();
+}
+END_TEST
+
 EMA_TEST("read", test_read_double_rejects_nan_inf_negative_and_out_of_range)
 {
     static const char *bad[] = {"nan", "NaN", "-nan", "inf", "-inf", "+inf", "infinity",

@@ -260,6 +260,20 @@ __attribute__((destructor)) static void boot_fini(void)
     }
 }
 
+/* Whether a fence failed because a participant left the job (PMIx's codes
+ * for it vary with the version and the server). */
+static int boot_rank_left(pmix_status_t rc)
+{
+    return rc == PMIX_ERR_PARTIAL_SUCCESS || rc == PMIX_ERR_UNREACH
+#ifdef PMIX_ERR_PROC_ABORTED
+           || rc == PMIX_ERR_PROC_ABORTED
+#endif
+#ifdef PMIX_ERR_PROC_TERM_WO_SYNC
+           || rc == PMIX_ERR_PROC_TERM_WO_SYNC
+#endif
+        ;
+}
+
 /* A fence that collects the data every rank put, bounded by EMA_BOOT_TIMEOUT. */
 static ema_status_t boot_fence(ema__boot_t *boot)
 {
@@ -279,10 +293,22 @@ static ema_status_t boot_fence(ema__boot_t *boot)
     rc = PMIx_Fence(NULL, 0, info, ninfo);
     PMIX_INFO_DESTRUCT(&info[0]);
     PMIX_INFO_DESTRUCT(&info[1]);
+    if (rc == PMIX_ERR_TIMEOUT) {
+        ema_error("PMIx_Fence failed: %s (a peer did not join within EMA_BOOT_TIMEOUT)",
+                  PMIx_Error_string(rc));
+        return EMA_ERR_TIMEOUT;
+    }
+    if (boot_rank_left(rc)) {
+        /* Open MPI's server ends the fence so once a participant has
+         * disconnected: a rank whose ema_init failed before the exchange
+         * and which then exited (or one that died) */
+        ema_error("PMIx_Fence failed: %s: a rank left the job before the address exchange "
+                  "(its ema_init failed and it exited, or it died)", PMIx_Error_string(rc));
+        return EMA_ERR_PEER_LOST;
+    }
     if (rc != PMIX_SUCCESS) {
-        ema_error("PMIx_Fence failed: %s%s", PMIx_Error_string(rc),
-                  rc == PMIX_ERR_TIMEOUT ? " (a peer did not join within EMA_BOOT_TIMEOUT)" : "");
-        return (rc == PMIX_ERR_TIMEOUT) ? EMA_ERR_TIMEOUT : EMA_ERR_BOOTSTRAP;
+        ema_error("PMIx_Fence failed: %s", PMIx_Error_string(rc));
+        return EMA_ERR_BOOTSTRAP;
     }
     return EMA_SUCCESS;
 }

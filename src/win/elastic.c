@@ -111,6 +111,17 @@ EMA_EXPORT ema_status_t ema_win_grow(ema_win_h win, size_t new_size)
         goto err_release;
     }
     for (uint32_t i = 0; i < want; i++) {
+        int r = EMA_LOC_RANK(locs[i]);
+        if (r != ctx->rank && ema__xport_peer_lost(ctx->xp, r)) {
+            /* a lender died since it granted: its bytes are gone, and a grow
+             * never hands out bytes that fail (ema_win_grow(3)) */
+            ema_warn("grow of window %u: lender rank %d was lost during the grow", win->id, r);
+            ema__win_unlock(win);
+            status = EMA_ERR_PEER_LOST;
+            goto err_release;
+        }
+    }
+    for (uint32_t i = 0; i < want; i++) {
         status = ema__win_seg_map(win, cur + i, locs[i], handles[i]);
         if (status != EMA_SUCCESS) {
             ema__win_seg_unmap(win, cur, i);

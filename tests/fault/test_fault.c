@@ -13,6 +13,10 @@
  *   reclaim     [0] dies inside ema_reclaim, while rank 1 moves its segments
  *   migration   [1] dies in its reclaim callback, in the recall rank 0 asked
  *   collective  [2] dies while ranks 0 and 1 wait in ema_barrier
+ *   grow        [0] dies while rank 1 grows into 2 more of its segments:
+ *               granted, not yet mapped (EMA_DEBUG_GROW_MAP_DELAY, 1 s on
+ *               rank 1): the grow fails with EMA_ERR_PEER_LOST and the part
+ *               keeps its size (it used to succeed with the dead rank's bytes)
  * Each survivor prints "PASS rank R <scenario> <seconds after the kill>" or
  * FAIL lines; the script counts them.
  */
@@ -147,6 +151,10 @@ int main(int argc, char **argv)
 
     setvbuf(stdout, NULL, _IOLBF, 0);
     scenario = argc > 1 ? argv[1] : "";
+    if (!strcmp(scenario, "grow") && getenv("OMPI_COMM_WORLD_RANK") != NULL &&
+        !strcmp(getenv("OMPI_COMM_WORLD_RANK"), "1")) {
+        setenv("EMA_DEBUG_GROW_MAP_DELAY", "1000000", 1); /* rank 1 maps 1 s late */
+    }
     if (ema_init(NULL) != EMA_SUCCESS || ema_world_rank(&rank) != EMA_SUCCESS ||
         ema_world_size(&size) != EMA_SUCCESS || size != 3) {
         fprintf(stderr, "FAIL: ema_init, or a world not of 3\n");
@@ -154,7 +162,8 @@ int main(int argc, char **argv)
     }
     ema_t_rank    = rank; /* for T_EXPECT's lines */
     ema_t_current = scenario;
-    victim = (!strcmp(scenario, "lender") || !strcmp(scenario, "reclaim")) ? 0
+    victim = (!strcmp(scenario, "lender") || !strcmp(scenario, "reclaim") ||
+              !strcmp(scenario, "grow")) ? 0
              : (!strcmp(scenario, "collective")) ? 2 : 1;
     ema_win_params_t wp = {.field_mask = EMA_WIN_PARAM_FIELD_MAX_SIZE, .max_size = 16 * SEG};
     if (ema_win_allocate(rank == 1 ? 8 * SEG : part_size[rank], &wp, &base, &win) !=
@@ -196,6 +205,9 @@ int main(int argc, char **argv)
         if (!strcmp(scenario, "collective")) {
             usleep(300000); /* the others wait in the barrier */
         }
+        if (!strcmp(scenario, "grow")) {
+            usleep(300000); /* rank 1 has its grant and waits to map it */
+        }
         die();
     }
 
@@ -208,6 +220,12 @@ int main(int argc, char **argv)
     } else if (!strcmp(scenario, "collective")) {
         ema_status_t st = ema_barrier();
         T_EXPECT(st == EMA_ERR_PEER_LOST, "ema_barrier: %s", ema_strerror(st));
+    } else if (!strcmp(scenario, "grow") && rank == 1) {
+        ema_status_t st = ema_win_grow(win, part_size[1] + 2 * SEG);
+        size_t sz = 0;
+        T_EXPECT(st == EMA_ERR_PEER_LOST, "grow while its lender died: %s", ema_strerror(st));
+        T_EXPECT(ema_win_size(win, 1, &sz) == EMA_SUCCESS && sz == part_size[1],
+                 "the part is %zu bytes after the failed grow, not %zu", sz, part_size[1]);
     } else {
         while (kill_time() == 0 && now_s() - t0 < 60) {
             ema_progress();
@@ -237,7 +255,7 @@ int main(int argc, char **argv)
             continue;
         }
         int lost = verify(r);
-        if (r == 1 && victim == 0 && !strcmp(scenario, "lender")) {
+        if (r == 1 && victim == 0 && (!strcmp(scenario, "lender") || !strcmp(scenario, "grow"))) {
             T_EXPECT(lost == 4, "%d segments of rank 1 lost, not the 4 on rank 0", lost);
         } else if (r == 1 && victim == 0) {
             /* the reclaim moved some or all of them before rank 0 died */

@@ -308,6 +308,16 @@ static ema_status_t win_shrink(ema_win_h win, size_t new_size)
 
     EMA_WIN_ASSERT_NONE_LOCKED(); /* takes win->lock; ema_win_bring_home */
     ema__win_lock(win);
+    if (new_size > atomic_load(&part->size)) {
+        /* another thread shrank the part below new_size since the checks:
+         * calls on one part's size must not race (ema(7) THREADS); without
+         * this the count of segments to drop wrapped, and the shrink waited
+         * for ever on an invalidation every peer refused */
+        ema__win_unlock(win);
+        ema_debug("ema_win_shrink: window %u to %zu bytes: the part shrank to %zu meanwhile: "
+                  "nothing changed", win->id, new_size, atomic_load(&part->size));
+        return EMA_ERR_STATE;
+    }
     uint32_t cur  = atomic_load(&part->nsegs);
     uint32_t keep = (uint32_t)((new_size + seg - 1) / seg);
     uint32_t drop = cur - keep;

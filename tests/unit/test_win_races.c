@@ -35,6 +35,8 @@
 #include <stdatomic.h>
 #include <string.h>
 #include <time.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #define ME        0
 #define PEER      1
@@ -62,6 +64,7 @@ static struct {
 static int nsent;
 static uint32_t fail_type; /* a window message of this type fails to send; 0: none */
 static int hold_on_inval;  /* >= 0: the own segment acquired when an INVAL goes out */
+static void (*on_inval)(void); /* called once when an INVAL goes out, then cleared */
 
 static ema_status_t peer_send(void *arg, int peer, unsigned id, const void *hdr, size_t hlen,
                               const void *data, size_t len)
@@ -89,6 +92,11 @@ static ema_status_t peer_send(void *arg, int peer, unsigned id, const void *hdr,
          * mark and its look at the held counts */
         atomic_fetch_add(&win->held[hold_on_inval], 1);
         hold_on_inval = -1;
+    }
+    if (m.type == EMA_WIN_MSG_INVAL && on_inval != NULL) {
+        void (*f)(void) = on_inval;
+        on_inval = NULL;
+        f();
     }
     if (m.type == fail_type) {
         return EMA_ERR_TRANSPORT;
@@ -249,6 +257,7 @@ static void setup(void)
     nsent         = 0;
     fail_type     = 0;
     hold_on_inval = -1;
+    on_inval      = NULL;
     stub_give     = 0;
     atomic_store(&nreleased, 0);
     atomic_store(&nchanged_rel, 0);
@@ -647,6 +656,79 @@ EMA_TEST("races", test_shrink_that_finds_a_dropped_segment_acquired_meanwhile_ch
     ck_assert_int_eq(ema_win_shrink(win, SEG), EMA_SUCCESS);
     ck_assert_uint_eq(atomic_load(&win->parts[ME].size), SEG);
     ck_assert_uint_eq(atomic_load(&nreleased), OWN_SEGS - 1);
+}
+END_TEST
+
+/* A second shrink, on another thread, that passed its checks before the
+ * first one cut the part below its size and then waited for the window's
+ * lock: it must fail with EMA_ERR_STATE and change nothing.  The count of
+ * segments to drop wrapped (keep > cur), and it invalidated 2^32 - 1
+ * segments, which every peer refused, so it waited for ever (a new-user
+ * pass, session 21). */
+typedef struct {
+    size_t       new_size;
+    atomic_int   tid, done;
+    ema_status_t status;
+} shrink_arg_t;
+static shrink_arg_t second;
+
+static void *shrink_thread(void *p)
+{
+    shrink_arg_t *a = p;
+    atomic_store(&a->tid, (int)syscall(SYS_gettid));
+    a->status = ema_win_shrink(win, a->new_size);
+    atomic_store(&a->done, 1);
+    return NULL;
+}
+
+/* Whether thread @tid of this process sleeps (here: on the window's lock). */
+static int thread_sleeps(int tid)
+{
+    char path[64], buf[256];
+    snprintf(path, sizeof(path), "/proc/self/task/%d/stat", tid);
+    FILE *f = fopen(path, "r");
+    if (f == NULL) {
+        return 0;
+    }
+    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    const char *st = strrchr(buf, ')'); /* "pid (comm) S ..." */
+    return st != NULL && st[1] == ' ' && st[2] == 'S';
+}
+
+static pthread_t second_thread;
+
+/* Under the first shrink's lock, as its INVAL goes out: the second shrink
+ * passes its checks (the part is still whole) and waits for the lock. */
+static void start_second_shrink(void)
+{
+    atomic_init(&second.tid, 0);
+    atomic_init(&second.done, 0);
+    ck_assert_int_eq(pthread_create(&second_thread, NULL, shrink_thread, &second), 0);
+    double t0 = ema__now_us();
+    while ((atomic_load(&second.tid) == 0 || !thread_sleeps(atomic_load(&second.tid))) &&
+           !atomic_load(&second.done) && ema__now_us() - t0 < 5e6) {
+        nap_ms(1);
+    }
+    ck_assert_msg(!atomic_load(&second.done), "the second shrink did not wait for the lock: %d",
+                  second.status);
+}
+
+EMA_TEST("races", test_shrink_racing_a_shrink_below_its_size_fails_with_state)
+{
+    ema__win_part_t *own = &win->parts[ME];
+    second.new_size = 2 * SEG;
+    on_inval = start_second_shrink;
+    ck_assert_int_eq(ema_win_shrink(win, SEG), EMA_SUCCESS);
+    pthread_join(second_thread, NULL);
+    ck_assert_int_eq(second.status, EMA_ERR_STATE);
+    ck_assert_uint_eq(atomic_load(&own->size), SEG);
+    ck_assert_uint_eq(atomic_load(&own->nsegs), 1);
+    ck_assert_uint_eq(atomic_load(&nreleased), OWN_SEGS - 1);
+    /* and a shrink that still fits after the other goes through */
+    ck_assert_int_eq(ema_win_shrink(win, 100), EMA_SUCCESS);
+    ck_assert_uint_eq(atomic_load(&own->size), 100);
 }
 END_TEST
 

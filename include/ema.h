@@ -488,8 +488,9 @@ typedef struct {
     size_t   bytes_ahead;       /**< bytes of the groups to keep local now (the
                                      current one too with EMA_WIN_POLICY_FLAG_WAIT) */
     size_t   bytes_ahead_local; /**< of those, in this rank's own memory now */
-    uint64_t bytes_prefetched;  /**< moved home by the policy */
-    uint64_t bytes_evicted;     /**< moved out (borrowed or spilled) by the policy */
+    uint64_t bytes_prefetched;  /**< moved home by the policy (whole segments) */
+    uint64_t bytes_evicted;     /**< moved out (borrowed or spilled) by the policy
+                                     (whole segments) */
     uint64_t skipped_held;      /**< segment moves left out: held (ema_win_acquire) */
     uint64_t deferred;          /**< runs deferred for a lender's reclaim */
     uint64_t runs;              /**< runs of the policy's job */
@@ -586,7 +587,8 @@ typedef struct {
     size_t   bytes_borrowed;   /**< peers' memory backing this rank's windows */
     size_t   bytes_spilled;    /**< spill tier backing this rank's windows */
     uint64_t reclaims;         /**< reclaims that recalled lent memory */
-    uint64_t bytes_migrated;   /**< bytes of own windows moved (reclaims, shrink, prefetch) */
+    uint64_t bytes_migrated;   /**< bytes of own windows moved (reclaims, shrink, prefetch),
+                                    whole segments */
     double   reclaim_last_us;  /**< duration of the last reclaim */
     double   reclaim_max_us;   /**< longest reclaim */
     ema_memory_kind_t memory_kind; /**< host or cuda: what window base pointers point to */

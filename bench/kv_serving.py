@@ -622,6 +622,11 @@ def main():
     a = ap.parse_args()
     a.t0 = time.time()
     a.left = 0
+    if a.deadline < 0:
+        ap.error("--deadline must be 0 (none) or a number of seconds")
+    if a.deadline and a.force:
+        # each call would redo the runs the last one made: it never ends
+        ap.error("--deadline goes on from the runs on disk; --force redoes them: not both")
     preset = PRESETS[a.kind]
     a.kv_mem = a.kv_mem or preset["kv_mem"]
     a.seg = a.seg if a.seg is not None else preset["seg"]

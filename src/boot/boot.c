@@ -264,7 +264,7 @@ __attribute__((destructor)) static void boot_fini(void)
  * for it vary with the version and the server). */
 static int boot_rank_left(pmix_status_t rc)
 {
-    return rc == PMIX_ERR_PARTIAL_SUCCESS || rc == PMIX_ERR_UNREACH
+    return rc == PMIX_ERR_PARTIAL_SUCCESS
 #ifdef PMIX_ERR_PROC_ABORTED
            || rc == PMIX_ERR_PROC_ABORTED
 #endif

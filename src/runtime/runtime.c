@@ -109,12 +109,12 @@ static ema_status_t runtime_read_config(ema__world_t *w, const ema_init_params_t
         }
         tables[m] = ema_config_modules[m].table;
     }
+    tables[EMA_NMODULES] = NULL;
+    ema__log_level = (ema_log_level_t)w->cfg.log_level;
+    ema__config_warn_unknown(tables); /* a misspelt name too, in the same run */
     if (status != EMA_SUCCESS) {
         return status;
     }
-    tables[EMA_NMODULES] = NULL;
-    ema__log_level = (ema_log_level_t)w->cfg.log_level;
-    ema__config_warn_unknown(tables);
 
     if (params != NULL) {
         if (params->field_mask & EMA_INIT_PARAM_FIELD_MEMORY_KIND) {

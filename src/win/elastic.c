@@ -73,7 +73,14 @@ EMA_EXPORT ema_status_t ema_win_grow(ema_win_h win, size_t new_size)
      * borrowing wait on peers, whose migrations may need this window. */
     EMA_WIN_ASSERT_NONE_LOCKED();
     uint32_t cur  = atomic_load(&part->nsegs);
-    uint32_t want = (uint32_t)((new_size + seg - 1) / seg) - cur;
+    uint32_t need = (uint32_t)((new_size + seg - 1) / seg);
+    if (need < cur) {
+        /* another thread grew the part past new_size since the checks
+         * (calls on one part's size must not race): without this the count
+         * wrapped and the grow took every segment it could find */
+        return EMA_ERR_STATE;
+    }
+    uint32_t want = need - cur;
     ema__loc_t *locs = calloc(want ? want : 1, sizeof(*locs));
     int64_t *handles = calloc(want ? want : 1, sizeof(*handles));
     uint32_t got = 0;
@@ -103,13 +110,15 @@ EMA_EXPORT ema_status_t ema_win_grow(ema_win_h win, size_t new_size)
         usleep(ctx->debug_grow_delay_us); /* EMA_DEBUG_GROW_MAP_DELAY: tests only */
     }
     ema__win_lock(win);
-    if (atomic_load(&part->nsegs) != cur) {
-        /* another thread grew or shrank meanwhile: calls on one window's
-         * size must not race (ema(7)) */
+    if (atomic_load(&part->nsegs) != cur || new_size < atomic_load(&part->size)) {
+        /* another thread grew or shrank meanwhile (a grow within the last
+         * segment changes the size alone): calls on one window's size
+         * must not race (ema(7)) */
         ema__win_unlock(win);
         status = EMA_ERR_STATE;
         goto err_release;
     }
+    ema__xport_peers_check(ctx->xp); /* without a progress thread, nobody else looks */
     for (uint32_t i = 0; i < want; i++) {
         int r = EMA_LOC_RANK(locs[i]);
         if (r != ctx->rank && ema__xport_peer_lost(ctx->xp, r)) {

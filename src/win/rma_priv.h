@@ -10,6 +10,11 @@
 
 typedef enum { EMA_OP_PUT, EMA_OP_GET } ema_op_t;
 
+/* One operation of the aggregate request @agg completed with @status (the
+ * UCX callback's work; exposed for the unit tests): an orphaned one is
+ * freed by its last operation. */
+void ema__win_rma_agg_done(struct ema_request *agg, ucs_status_t status);
+
 /*
  * Find the run starting at @offset: the rank and tier holding it, the remote
  * address, and how many bytes from there are contiguous in that memory.

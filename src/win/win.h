@@ -334,6 +334,12 @@ struct ema_request {
     atomic_int    pending; /* aggregate: operations not yet complete */
     atomic_int    status;  /* aggregate: first error */
     ema__xport_t *xp;
+    /* the ranks its operations went to (bit r: rank r; every bit in a world
+     * of more than 64), so that a wait on it ends when one is lost */
+    uint64_t      ranks;
+    /* aggregate: left behind by a wait that a lost rank ended; then the
+     * callback that completes its last operation frees it (rma_agg_cb) */
+    atomic_int    orphan;
 };
 
 extern ema__win_ctx_t *ema__win_world;
@@ -526,13 +532,15 @@ ema_win_h    ema__win_list_next(ema__win_ctx_t *ctx, ema_win_h win) EMA_EXCLUDES
 /* Whether @p may be a handle before it is read: aligned as every handle is
  * (calloc'd windows, malloc'd or UCX-pooled requests: 8 at least), not a
  * small integer (ema_put((ema_win_h)0x1000, ...)): nothing is mapped below
- * Linux's default vm.mmap_min_addr of 64 KiB, and not above where user
- * space ends (2^47 on x86-64, 2^56 with 5-level paging, 2^52 on arm64:
+ * Linux's default vm.mmap_min_addr of 64 KiB, and on x86-64 not above
+ * where user space ends (2^47, 2^56 with 5-level paging:
  * 0x8000000000000000, (ema_win_h)-8).  Such values are refused rather than
  * read.  Any other pointer is read for its type's mark: one into unmapped
  * memory still faults (ema(7) ERRORS). */
 #define EMA_HANDLE_MIN ((uintptr_t)65536)
-#if UINTPTR_MAX > 0xffffffffu
+#if defined(__x86_64__)
+/* not on arm64, where tagged heaps (MTE, HWASan) set the top byte of the
+ * pointers malloc returns */
 #define EMA_HANDLE_END ((uintptr_t)1 << 56)
 #else
 #define EMA_HANDLE_END UINTPTR_MAX

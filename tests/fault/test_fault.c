@@ -206,7 +206,14 @@ int main(int argc, char **argv)
             usleep(300000); /* the others wait in the barrier */
         }
         if (!strcmp(scenario, "grow")) {
-            usleep(300000); /* rank 1 has its grant and waits to map it */
+            /* rank 1 has its grant (6 segments lent, not 4) and waits 1 s
+             * to map it: die then, however slow the machine */
+            double t = now_s();
+            do {
+                usleep(1000);
+                ema_mem_stat(&ms);
+            } while (ms.bytes_lent < 6 * SEG && now_s() - t < 10);
+            usleep(100000);
         }
         die();
     }

@@ -24,6 +24,7 @@
 #include "util/clock.h"
 #include "util/state.h"
 #include "win/coherence.h"
+#include "win/rma_priv.h"
 #include "win/win.h"
 #include "xport/xport.h"
 
@@ -729,6 +730,55 @@ EMA_TEST("races", test_shrink_racing_a_shrink_below_its_size_fails_with_state)
     /* and a shrink that still fits after the other goes through */
     ck_assert_int_eq(ema_win_shrink(win, 100), EMA_SUCCESS);
     ck_assert_uint_eq(atomic_load(&own->size), 100);
+}
+END_TEST
+
+/* --- a request whose rank dies ------------------------------------------- */
+
+/* An aggregate request (several runs) in flight to the peer, as rma_nb
+ * leaves it, with @pending operations not complete. */
+static struct ema_request *agg_in_flight(int pending)
+{
+    struct ema_request *agg = calloc(1, sizeof(*agg));
+    ck_assert_ptr_nonnull(agg);
+    agg->magic = EMA_REQ_MAGIC_AGG;
+    agg->xp    = &xp;
+    agg->ranks = 1ull << PEER;
+    atomic_init(&agg->pending, pending);
+    atomic_init(&agg->status, EMA_SUCCESS);
+    atomic_init(&agg->orphan, 0);
+    return agg;
+}
+
+/* ema(7) FAULTS: a wait for a request to a rank that died ends with
+ * EMA_ERR_PEER_LOST.  It used to wait for UCX alone, for ever if UCX
+ * never completes the operations.  The handle is released then; the
+ * aggregate stays until its last operation completes, and that one frees
+ * it (the ASan run of the suite checks: no leak, no use after free). */
+EMA_TEST("races", test_wait_for_a_request_to_a_lost_rank_ends_with_peer_lost)
+{
+    struct ema_request *a = agg_in_flight(2), *b = agg_in_flight(1);
+
+    ck_assert_int_eq(ema_test(a), EMA_INPROGRESS); /* the peer is alive */
+    ema__xport_mark_lost(&xp, PEER, "the test");
+    ck_assert_int_eq(ema_test(a), EMA_ERR_PEER_LOST);
+    ck_assert_int_eq(ema_wait(b), EMA_ERR_PEER_LOST);
+    /* the handles are gone */
+    ck_assert_int_eq(ema_test(a), EMA_ERR_INVALID_HANDLE);
+    ck_assert_int_eq(ema_wait(b), EMA_ERR_INVALID_HANDLE);
+    /* UCX completes their operations later (an error, or the endpoint's
+     * teardown): the last one frees each */
+    ema__win_rma_agg_done(a, UCS_ERR_ENDPOINT_TIMEOUT);
+    ema__win_rma_agg_done(a, UCS_OK);
+    ema__win_rma_agg_done(b, UCS_OK);
+
+    /* one whose operations complete before the wait looks: its status */
+    struct ema_request *c = agg_in_flight(1);
+    ema__win_rma_agg_done(c, UCS_OK);
+    ck_assert_int_eq(ema_wait(c), EMA_SUCCESS);
+    /* alive again, for the teardown's collective free */
+    atomic_store(&xp.lost[PEER], 0);
+    atomic_store(&xp.nlost, 0);
 }
 END_TEST
 

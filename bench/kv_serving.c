@@ -525,10 +525,12 @@ static void calibrate(kv_engine_t *e)
 
 /* --- options ----------------------------------------------------------------------- */
 
-static void usage(void)
+static void usage(FILE *f)
 {
-    fprintf(stderr,
+    fprintf(f,
         "usage: mpirun -n N kv_serving --config static|elastic|double|oracle [options]\n"
+        "  --quiet             no per-rank summary on stdout (the CSV files only)\n"
+        "  --help, -h          this text\n"
         "  --scenario S        rotating (default), stationary, allbusy\n"
         "  --seed N            arrivals and lengths (default 1)\n"
         "  --out DIR           write the CSV files there (else print the summary)\n"
@@ -571,6 +573,34 @@ static size_t parse_size(const char *s)
     return (size_t)v;
 }
 
+/* The options that take a value. */
+static int kv_known_option(const char *a)
+{
+    static const char *const names[] = {
+        "--config", "--scenario", "--seed", "--out", "--lengths", "--kv-mem", "--tok-bytes",
+        "--oracle-mult", "--phase", "--warmup", "--drain", "--phases", "--hot", "--cold",
+        "--busy", "--prompt", "--output", "--max-seqs", "--max-prefill", "--watermark",
+        "--shrink-keep", "--shrink-after-ms", "--eager", "--backoff-ms", "--hold-ms",
+        "--grow-ahead", "--model", "--slo", "--weights-gb", "--sample-ms", NULL};
+    for (int i = 0; names[i] != NULL; i++) {
+        if (!strcmp(a, names[i])) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* sscanf of @v by @fmt must fill @want fields. */
+static int kv_scan_ok(const char *opt, const char *v, int got, int want)
+{
+    if (got != want) {
+        fprintf(stderr, "kv_serving: %s wants %d comma-separated numbers, not %s\n", opt, want,
+                v);
+        return 0;
+    }
+    return 1;
+}
+
 static int parse_args(kv_params_t *p, int argc, char **argv)
 {
     for (int i = 1; i < argc; i++) {
@@ -583,6 +613,9 @@ static int parse_args(kv_params_t *p, int argc, char **argv)
             p->quiet = 1;
             used = 0;
         } else if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            return 1;
+        } else if (!kv_known_option(a)) {
+            fprintf(stderr, "kv_serving: unknown option %s\n", a);
             return -1;
         } else if (v == NULL) {
             fprintf(stderr, "kv_serving: %s needs a value\n", a);
@@ -621,10 +654,14 @@ static int parse_args(kv_params_t *p, int argc, char **argv)
         else if (!strcmp(a, "--hot")) p->hot_mult = atof(v);
         else if (!strcmp(a, "--cold")) p->cold_mult = atof(v);
         else if (!strcmp(a, "--busy")) p->busy_mult = atof(v);
-        else if (!strcmp(a, "--prompt"))
-            sscanf(v, "%lf,%lf,%u,%u", &p->p_median, &p->p_sigma, &p->p_min, &p->p_max);
-        else if (!strcmp(a, "--output"))
-            sscanf(v, "%lf,%lf,%u,%u", &p->o_median, &p->o_sigma, &p->o_min, &p->o_max);
+        else if (!strcmp(a, "--prompt")) {
+            if (!kv_scan_ok(a, v, sscanf(v, "%lf,%lf,%u,%u", &p->p_median, &p->p_sigma,
+                                         &p->p_min, &p->p_max), 4)) return -1;
+        }
+        else if (!strcmp(a, "--output")) {
+            if (!kv_scan_ok(a, v, sscanf(v, "%lf,%lf,%u,%u", &p->o_median, &p->o_sigma,
+                                         &p->o_min, &p->o_max), 4)) return -1;
+        }
         else if (!strcmp(a, "--max-seqs")) p->max_seqs = atoi(v);
         else if (!strcmp(a, "--max-prefill")) p->max_prefill_tokens = (uint32_t)atoi(v);
         else if (!strcmp(a, "--watermark")) p->watermark = atof(v);
@@ -638,8 +675,10 @@ static int parse_args(kv_params_t *p, int argc, char **argv)
                 return -1;
             }
         }
-        else if (!strcmp(a, "--backoff-ms"))
-            sscanf(v, "%lf,%lf", &p->grow_backoff_s, &p->grow_backoff_max_s);
+        else if (!strcmp(a, "--backoff-ms")) {
+            if (!kv_scan_ok(a, v, sscanf(v, "%lf,%lf", &p->grow_backoff_s,
+                                         &p->grow_backoff_max_s), 2)) return -1;
+        }
         else if (!strcmp(a, "--hold-ms")) p->giveback_hold_s = atof(v) * 1e-3;
         else if (!strcmp(a, "--grow-ahead")) {
             char *end;
@@ -650,9 +689,14 @@ static int parse_args(kv_params_t *p, int argc, char **argv)
             }
             p->grow_ahead = (int)n;
         }
-        else if (!strcmp(a, "--model"))
-            sscanf(v, "%lf,%lf,%lf,%lf", &p->m_base_ms, &p->m_dec_us, &p->m_kv_us, &p->m_pf_us);
-        else if (!strcmp(a, "--slo")) sscanf(v, "%lf,%lf", &p->slo_ttft_s, &p->slo_tpot_s);
+        else if (!strcmp(a, "--model")) {
+            if (!kv_scan_ok(a, v, sscanf(v, "%lf,%lf,%lf,%lf", &p->m_base_ms, &p->m_dec_us,
+                                         &p->m_kv_us, &p->m_pf_us), 4)) return -1;
+        }
+        else if (!strcmp(a, "--slo")) {
+            if (!kv_scan_ok(a, v, sscanf(v, "%lf,%lf", &p->slo_ttft_s, &p->slo_tpot_s), 2))
+                return -1;
+        }
         else if (!strcmp(a, "--weights-gb")) p->weights_gb = atof(v);
         else if (!strcmp(a, "--sample-ms")) p->sample_s = atof(v) * 1e-3;
         else {
@@ -710,8 +754,13 @@ int main(int argc, char **argv)
     p->slo_tpot_s = 0.05;
     p->weights_gb = 4;
     p->sample_s = 0.05;
-    if (parse_args(p, argc, argv) != 0 || (p->cfg == KV_NCFG && !p->calibrate)) {
-        usage();
+    int pa = parse_args(p, argc, argv);
+    if (pa == 1) {
+        usage(stdout);
+        return 0;
+    }
+    if (pa != 0 || (p->cfg == KV_NCFG && !p->calibrate)) {
+        usage(stderr);
         return 2;
     }
     if (p->cfg == KV_NCFG) {

@@ -232,21 +232,19 @@ def run_dir(a, scn, cfg, seed, hot):
 
 
 def run_all(a, binary, model):
-    runs = plan(a)
+    done = lambda r: (not a.force and
+                      len(glob.glob(os.path.join(run_dir(a, *r), "summary_r*.csv"))) == a.np)
+    runs = [r for r in plan(a) if not done(r)]  # what is on disk stays
     t_start = time.time()
     failed = []
     longest = 0.0
     for i, (scn, cfg, seed, hot) in enumerate(runs):
         d = run_dir(a, scn, cfg, seed, hot)
-        if not a.force and len(glob.glob(os.path.join(d, "summary_r*.csv"))) == a.np:
-            continue
         # --deadline: start a run only if one as long as the longest so far
         # ends in time; a run cut off would be lost, and rerunning the same
         # command goes on from the runs on disk.
         if a.deadline and time.time() - a.t0 + longest > a.deadline:
-            a.left = sum(1 for (s2, c2, e2, h2) in runs[i:]
-                         if len(glob.glob(os.path.join(run_dir(a, s2, c2, e2, h2),
-                                                       "summary_r*.csv"))) != a.np)
+            a.left = len(runs) - i
             print("deadline (%g s): %d of %d runs left; the same command goes on from here"
                   % (a.deadline, a.left, len(runs)), flush=True)
             break
@@ -435,6 +433,34 @@ def ratios(data, scn, num_cfg, den_cfg, key, hot=None):
     return out
 
 
+def run_setting(data, opt, default):
+    """The value of kv_serving's option @opt in a run's command line (the
+    second line of its run.log), else @default."""
+    for runs in data.values():
+        for run in runs.values():
+            try:
+                with open(os.path.join(run["dir"], "run.log")) as f:
+                    f.readline()
+                    argv = f.readline().split()
+            except OSError:
+                continue
+            if opt in argv[:-1]:
+                return argv[argv.index(opt) + 1]
+    return default
+
+
+def seed_list(seeds):
+    """1-5, or 1,3-4."""
+    out, i = [], 0
+    while i < len(seeds):
+        j = i
+        while j + 1 < len(seeds) and seeds[j + 1] == seeds[j] + 1:
+            j += 1
+        out.append("%d" % seeds[i] if i == j else "%d-%d" % (seeds[i], seeds[j]))
+        i = j + 1
+    return ",".join(out) or "none"
+
+
 def tabulate(a, data):
     for runs in data.values():
         for seed, run in runs.items():
@@ -442,9 +468,16 @@ def tabulate(a, data):
     lines = []
     title = "host kind, %s" % a.kind_note if a.kind == "host" else "cuda kind"
     lines.append("# kv_serving results (%s)\n" % title)
-    lines.append("%d ranks, C = %s of KV memory per rank, %d B of K/V per token; "
-                 "seeds 1-%d; values are medians over seeds [min–max].\n"
-                 % (a.np, a.kv_mem, a.tok_bytes, a.seeds))
+    # what the runs on disk were, not this command line (--no-run, or a
+    # directory that holds more seeds than asked for now)
+    seeds = sorted({sd for runs in data.values() for sd in runs})
+    nranks = max((int(num(r["rank"])) + 1 for runs in data.values() for run in runs.values()
+                   for r in run["summ"]), default=a.np)
+    c_mem, tok = run_setting(data, "--kv-mem", a.kv_mem), run_setting(data, "--tok-bytes",
+                                                                       str(a.tok_bytes))
+    lines.append("%d ranks, C = %s of KV memory per rank, %s B of K/V per token; "
+                 "seeds %s; values are medians over seeds [min–max].\n"
+                 % (nranks, c_mem, tok, seed_list(seeds)))
     for name in ("calibration.txt", "load_scale.txt"):
         path = os.path.join(a.out, name)
         if os.path.exists(path):
@@ -462,7 +495,8 @@ def tabulate(a, data):
         lines.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
         for cfg in cfgs:
             runs = data[(scn, cfg, None)]
-            M = [r["m"] for r in runs.values()]
+            seeds_of = sorted(runs)
+            M = [runs[sd]["m"] for sd in seeds_of]
             g = lambda k: [m[k] for m in M]
             lines.append("| %s | %d | %s | %s | %s | %s / %s | %s | %s | %s | %s | %s | %s | %s |" % (
                 cfg, len(M), fmt_mr(g("hot_tps"), 0), fmt_mr(g("hot_rps")),
@@ -471,7 +505,9 @@ def tabulate(a, data):
                 fmt_mr(g("cold_ttft_p99"), 3), fmt_mr([x * 1e3 for x in g("cold_tpot_p99")], 1),
                 fmt_mr(g("all_tps"), 0), fmt_mr(g("preemptions"), 0),
                 fmt_mr(g("recomputed_tokens"), 0), fmt(max(g("corrupt")), 0)))
-            json_out.setdefault(scn, {})[cfg] = {k: [m[k] for m in M] for k in M[0]}
+            # per seed, in the order of "seeds" (the ratios' order too)
+            json_out.setdefault(scn, {})[cfg] = dict({k: [m[k] for m in M] for k in M[0]},
+                                                     seeds=seeds_of)
         # ratios, paired by seed
         key = "all_tps" if scn == "allbusy" else "hot_tps"
         rows = []
@@ -480,6 +516,10 @@ def tabulate(a, data):
                                        ("elastic", "oracle", ">= 0.95 (GPU)")):
             r = ratios(data, scn, num_cfg, den_cfg, key)
             if r:
+                paired = sorted(set(data.get((scn, num_cfg, None), {})) &
+                                set(data.get((scn, den_cfg, None), {})))
+                json_out.setdefault(scn, {}).setdefault("ratio_seeds", {})[
+                    "%s / %s" % (num_cfg, den_cfg)] = paired
                 if scn == "allbusy":
                     goal = ">= 0.97 (GPU); CI: within 5%"
                 rows.append(("%s / %s, %s throughput" % (num_cfg, den_cfg,
@@ -579,7 +619,8 @@ def plots(out):
                 [py, "-c", "import matplotlib"], stderr=subprocess.DEVNULL) == 0:
             return subprocess.call([py, os.path.join(HERE, "kv_plots.py"), out])
     print("no plots: no python3 with matplotlib here (Debian: apt-get install "
-          "python3-matplotlib); run bench/kv_plots.py %s where there is one" % out)
+          "python3-matplotlib); run `python3 %s %s` with a python3 that has it"
+          % (os.path.join(HERE, "kv_plots.py"), out))
     return 0
 
 
@@ -618,8 +659,16 @@ def main():
                     "exit 3 with runs left, which the same command runs next time")
     ap.add_argument("--no-run", action="store_true", help="only tabulate and plot")
     ap.add_argument("--no-plots", action="store_true")
-    ap.add_argument("extra", nargs="*", help=argparse.SUPPRESS)
-    a = ap.parse_args()
+    # What follows "--" goes to kv_serving as it is, wherever OUT and the
+    # options stand before it (argparse's own "--" handling wants OUT
+    # right before it).
+    argv = sys.argv[1:]
+    extra = []
+    if "--" in argv:
+        extra = argv[argv.index("--") + 1:]
+        argv = argv[:argv.index("--")]
+    a = ap.parse_args(argv)
+    a.extra = extra
     a.t0 = time.time()
     a.left = 0
     if a.deadline < 0:
@@ -634,12 +683,25 @@ def main():
     a.preset_args = preset["args"]
     a.configs = [c for c in a.configs.split(",") if c]
     a.scenarios = [s for s in a.scenarios.split(",") if s]
-    a.sweep = [float(x) for x in a.sweep.split(",") if x]
+    try:
+        a.sweep = [float(x) for x in a.sweep.split(",") if x]
+    except ValueError:
+        ap.error("--sweep takes hot demands in C, such as 1,1.4,2.2: not %s" % a.sweep)
     a.other_seeds = a.other_seeds or a.seeds
     a.kind_note = "a 2-core VM, virtual clock"
     for c in a.configs:
         if c not in CONFIGS:
-            sys.exit("kv_serving.py: unknown config %s" % c)
+            ap.error("unknown config %s (%s)" % (c, ", ".join(CONFIGS)))
+    for scn in a.scenarios:
+        if scn not in SCENARIOS:
+            ap.error("unknown scenario %s (%s)" % (scn, ", ".join(SCENARIOS)))
+    for opt, v in (("--kv-mem", a.kv_mem), ("--seg", a.seg or "0")):
+        try:
+            parse_size(v)
+        except ValueError:
+            ap.error("%s: not a size: %s (4096, 64K, 256M, 1G)" % (opt, v))
+    if a.no_run and not os.path.isdir(a.out):
+        ap.error("--no-run: no directory %s" % a.out)
     os.makedirs(a.out, exist_ok=True)
     a.out = os.path.abspath(a.out)
     failed = []

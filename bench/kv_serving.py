@@ -194,7 +194,10 @@ def calibrate_demand(a, binary, model):
             break
         if abs(got - HOT) <= 0.1 * HOT:
             break
-        scale = min(4.0, max(0.25, scale * HOT / got))
+        new = min(4.0, max(0.25, scale * HOT / got))
+        if new == scale:
+            break  # at a bound already: another pilot would measure the same
+        scale = new
     with open(path, "w") as f:
         f.write("%.4f\n" % scale)
         f.write("\n".join(log) + "\n")

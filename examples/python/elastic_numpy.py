@@ -6,10 +6,10 @@
 
 Each rank has CAP bytes of (host-kind) memory, a stand-in for a GPU.
 
-  1. Rank 0 allocates a window part that fills its memory and grows it to
-     1.5 x CAP: the new half is borrowed from the other ranks (in a world of
-     one it spills to host memory), mapped behind the first at the same
-     address.
+  1. Rank 0 allocates a window part that fills its free memory (CAP less
+     the small window the ranks exchange numbers in) and grows it by half:
+     the new third is borrowed from the other ranks (in a world of one it
+     spills to host memory), mapped behind the first at the same address.
   2. It fills the whole part through one numpy view, with no copy.
   3. The rank that lent the most reclaims its memory (ema.reclaim): rank 0's
      borrowed pages move to another lender or to the spill tier.  Rank 0
@@ -19,7 +19,8 @@ Each rank has CAP bytes of (host-kind) memory, a stand-in for a GPU.
      through ema_get; then the part is shrunk back and checked again.
 
 Prints where the part's bytes live after each step; exits 0 if every check
-passed, 1 otherwise.  EMA_* variables override the defaults used here.
+passed, 77 (skipped) on a memory kind other than host, 1 otherwise.  EMA_*
+variables override the defaults used here.
 """
 
 import os

@@ -1,6 +1,6 @@
 """Views: a range of a window part as an array, with no copy.
 
-Window.view(offset, nbytes, dtype, shape, pin) returns a View of
+Window.view(offset=0, nbytes=None, dtype=None, pin=False, shape=None) returns a View of
 [offset, offset+nbytes) of this rank's own part, at its fixed address
 (borrowed and spilled pages included: they are mapped there).
 

@@ -26,6 +26,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from kv_serving import classify  # noqa: E402  (one definition of the classes)
@@ -174,6 +175,13 @@ def plot_cdf(out, dst, label):
         for j, met in enumerate(("TTFT (s)", "TPOT (ms)")):
             ax = axes[i][j]
             ax.set_xscale("log")
+            # plain numbers, at 1, 2 and 5 of each decade on a short axis: the
+            # default labels every minor tick of one as "2 x 10^1", overlapping
+            lo, hi = ax.get_xlim()
+            subs = (1.0,) if hi > 300 * lo else (1.0, 2.0, 5.0)
+            ax.xaxis.set_major_locator(LogLocator(base=10, subs=subs))
+            ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: "%g" % x))
+            ax.xaxis.set_minor_formatter(NullFormatter())
             ax.set_title("%s ranks: %s" % (cl, met.split()[0]))
             ax.set_xlabel(met)
             ax.set_ylabel("fraction of requests")

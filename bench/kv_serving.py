@@ -448,7 +448,9 @@ def run_setting(data, opt, default):
             except OSError:
                 continue
             if opt in argv[:-1]:
-                return argv[argv.index(opt) + 1]
+                # the last one: the binary takes the last (the driver's, then
+                # any given after "--")
+                return argv[len(argv) - 1 - argv[::-1].index(opt) + 1]
     return default
 
 
@@ -475,7 +477,8 @@ def tabulate(a, data):
     # directory that holds more seeds than asked for now)
     seeds = sorted({sd for runs in data.values() for sd in runs})
     nranks = max((int(num(r["rank"])) + 1 for runs in data.values() for run in runs.values()
-                   for r in run["summ"]), default=a.np)
+                  for r in run["summ"] if num(r.get("rank")) == num(r.get("rank"))),
+                 default=a.np)
     c_mem, tok = run_setting(data, "--kv-mem", a.kv_mem), run_setting(data, "--tok-bytes",
                                                                        str(a.tok_bytes))
     lines.append("%d ranks, C = %s of KV memory per rank, %s B of K/V per token; "

@@ -92,20 +92,7 @@ void ema__win_rma_agg_done(struct ema_request *agg, ucs_status_t status)
         int expected = EMA_SUCCESS;
         atomic_compare_exchange_strong(&agg->status, &expected, ema__xport_status(status));
     }
-    /* Read before the count drops: once it is 0, the handle's owner may free
-     * the aggregate at any time.  An orphan (rma_req_abandon) is freed by
-     * whoever takes the count to 0: the waiter that left it holds a count
-     * while it marks it, so a callback that read 0 here cannot be last. */
-    int orphan = atomic_load(&agg->orphan);
-    if (atomic_fetch_sub(&agg->pending, 1) == 1 && orphan) {
-        free(agg);
-    }
-}
-
-/* The bit of @rank in a request's ranks. */
-static inline uint64_t rma_rank_bit(int rank)
-{
-    return (rank >= 0 && rank < 64) ? 1ull << rank : ~0ull;
+    atomic_fetch_sub_explicit(&agg->pending, 1, memory_order_release);
 }
 
 static inline ucs_status_ptr_t rma_issue(ema__win_ctx_t *ctx, ema_op_t op, int rank,
@@ -323,7 +310,7 @@ static ema_status_t rma_nb(ema_win_h win, ema_op_t op, int rank, size_t offset, 
         struct ema_request *req = sp;
         req->magic = EMA_REQ_MAGIC_UCX;
         req->xp    = ctx->xp;
-        req->ranks = (ctx->size > 64) ? ~0ull : rma_rank_bit(trank);
+        req->ranks = (ctx->size > 64) ? ~0ull : 1ull << trank;
         *req_p     = req;
         return EMA_SUCCESS;
     }
@@ -336,7 +323,6 @@ static ema_status_t rma_nb(ema_win_h win, ema_op_t op, int rank, size_t offset, 
     agg->magic = EMA_REQ_MAGIC_AGG;
     agg->xp    = ctx->xp;
     agg->ranks = (ctx->size > 64) ? ~0ull : 0;
-    atomic_init(&agg->orphan, 0);
     atomic_init(&agg->status, EMA_SUCCESS);
     atomic_init(&agg->pending, 1); /* held until every run is issued */
     param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
@@ -350,7 +336,9 @@ static ema_status_t rma_nb(ema_win_h win, ema_op_t op, int rank, size_t offset, 
             break;
         }
         atomic_fetch_add(&agg->pending, 1);
-        agg->ranks |= rma_rank_bit(trank);
+        if (ctx->size <= 64) {
+            agg->ranks |= 1ull << trank;
+        }
         ucs_status_ptr_t sp = rma_issue(ctx, op, trank, tier, buf, n, raddr, &param);
         rma_issued(ctx, trank, ep);
         if (sp == NULL || UCS_PTR_IS_ERR(sp)) {
@@ -431,7 +419,32 @@ static ema_status_t rma_req_check(ema_request_h req)
     return EMA_SUCCESS;
 }
 
-/* Test once; on completion release the request and return its status. */
+/* Whether a rank that the request @req went to is lost: one recorded in
+ * its ranks, or, where those are not kept (worlds of more than 64 ranks,
+ * ranks ~0), any rank, but only for a request that failed. */
+static int rma_req_lost(ema_request_h req, ema_status_t status)
+{
+    ema__xport_t *xp = req->xp;
+    if (xp == NULL || atomic_load(&xp->nlost) == 0) {
+        return 0;
+    }
+    if (req->ranks == ~0ull) {
+        return status != EMA_SUCCESS;
+    }
+    for (int r = 0; r < xp->size && r < 64; r++) {
+        if ((req->ranks & (1ull << r)) && ema__xport_peer_lost(xp, r)) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* Test once; on completion release the request and return its status:
+ * EMA_ERR_PEER_LOST where a rank it went to is lost (ema(7) FAULTS).  A
+ * request is complete only once UCX has completed every operation, so the
+ * caller's buffer is never left to UCX: on one node's transports (shared
+ * memory, cma, cuda_ipc) an operation to a dead rank completes, with its
+ * memory's bytes or with an error. */
 static ema_status_t rma_req_poll(ema_request_h req)
 {
     ema_status_t status;
@@ -444,59 +457,28 @@ static ema_status_t rma_req_poll(ema_request_h req)
         if (us == UCS_INPROGRESS) {
             return EMA_INPROGRESS;
         }
-        req->magic = 0;
-        ucp_request_free(req);
-        if (us != UCS_OK) {
+        status = ema__xport_status(us);
+        if (rma_req_lost(req, status)) {
+            status = EMA_ERR_PEER_LOST;
+        } else if (us != UCS_OK) {
             ema_error("non-blocking rma failed: %s", ucs_status_string(us));
         }
-        return ema__xport_status(us);
+        req->magic = 0;
+        ucp_request_free(req);
+        return status;
     }
     default: /* aggregate */
         if (atomic_load_explicit(&req->pending, memory_order_acquire) > 0) {
             return EMA_INPROGRESS;
         }
-        status     = (ema_status_t)atomic_load(&req->status);
+        status = (ema_status_t)atomic_load(&req->status);
+        if (rma_req_lost(req, status)) {
+            status = EMA_ERR_PEER_LOST;
+        }
         req->magic = 0;
         free(req);
         return status;
     }
-}
-
-/* Whether a rank that the in-flight request @req went to is lost. */
-static int rma_req_lost(ema_request_h req)
-{
-    ema__xport_t *xp = req->xp;
-    if (xp == NULL || atomic_load(&xp->nlost) == 0) {
-        return 0;
-    }
-    for (int r = 0; r < xp->size; r++) {
-        if ((req->ranks & rma_rank_bit(r)) && ema__xport_peer_lost(xp, r)) {
-            return 1;
-        }
-    }
-    return 0;
-}
-
-/* A rank it went to is lost, and @req is not complete: it may never be
- * (ema(7) FAULTS).  The handle is released and the operations left to UCX:
- * a UCX request is freed when UCX completes it (an error, or the
- * endpoint's teardown), an aggregate by its last callback (rma_agg_cb) or
- * here if that came first. */
-static ema_status_t rma_req_abandon(ema_request_h req)
-{
-    if (req->magic == EMA_REQ_MAGIC_UCX) {
-        req->magic = 0;
-        ucp_request_free(req);
-    } else {
-        /* a count of our own while it is marked (see rma_agg_cb) */
-        req->magic = 0;
-        atomic_fetch_add(&req->pending, 1);
-        atomic_store(&req->orphan, 1);
-        if (atomic_fetch_sub(&req->pending, 1) == 1) {
-            free(req); /* its operations completed meanwhile */
-        }
-    }
-    return EMA_ERR_PEER_LOST;
 }
 
 EMA_EXPORT ema_status_t ema_test(ema_request_h req)
@@ -513,9 +495,6 @@ EMA_EXPORT ema_status_t ema_test(ema_request_h req)
         ema__xport_peers_check(xp);
         ema__xport_app_leave(xp);
         status = rma_req_poll(req);
-        if (status == EMA_INPROGRESS && rma_req_lost(req)) {
-            status = rma_req_abandon(req);
-        }
     }
     return status;
 }
@@ -531,9 +510,6 @@ static int ema_req_finished(void *arg)
 {
     ema_req_wait_t *w = arg;
     w->status = rma_req_poll(w->req);
-    if (w->status == EMA_INPROGRESS && rma_req_lost(w->req)) {
-        w->status = rma_req_abandon(w->req); /* a rank it went to died */
-    }
     return w->status != EMA_INPROGRESS;
 }
 

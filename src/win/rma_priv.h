@@ -11,8 +11,7 @@
 typedef enum { EMA_OP_PUT, EMA_OP_GET } ema_op_t;
 
 /* One operation of the aggregate request @agg completed with @status (the
- * UCX callback's work; exposed for the unit tests): an orphaned one is
- * freed by its last operation. */
+ * UCX callback's work; exposed for the unit tests). */
 void ema__win_rma_agg_done(struct ema_request *agg, ucs_status_t status);
 
 /*

@@ -334,12 +334,9 @@ struct ema_request {
     atomic_int    pending; /* aggregate: operations not yet complete */
     atomic_int    status;  /* aggregate: first error */
     ema__xport_t *xp;
-    /* the ranks its operations went to (bit r: rank r; every bit in a world
-     * of more than 64), so that a wait on it ends when one is lost */
+    /* the ranks its operations went to (bit r: rank r; ~0 in a world of
+     * more than 64), so that one completed to a lost rank says so */
     uint64_t      ranks;
-    /* aggregate: left behind by a wait that a lost rank ended; then the
-     * callback that completes its last operation frees it (rma_agg_cb) */
-    atomic_int    orphan;
 };
 
 extern ema__win_ctx_t *ema__win_world;

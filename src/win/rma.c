@@ -86,13 +86,37 @@ static void rma_agg_cb(void *request, ucs_status_t status, void *user_data)
     ema__win_rma_agg_done(user_data, status);
 }
 
-void ema__win_rma_agg_done(struct ema_request *agg, ucs_status_t status)
+struct ema_request *ema__win_rma_agg_new(ema__xport_t *xp, int size)
 {
+    struct ema_request *agg = calloc(1, sizeof(*agg) + (size_t)size * sizeof(*agg->slots));
+    if (agg == NULL) {
+        return NULL;
+    }
+    agg->magic = EMA_REQ_MAGIC_AGG;
+    agg->xp    = xp;
+    agg->slots = (struct ema_req_slot *)(agg + 1);
+    for (int r = 0; r < size; r++) {
+        agg->slots[r].agg = agg;
+        atomic_init(&agg->slots[r].pending, 0);
+    }
+    atomic_init(&agg->status, EMA_SUCCESS);
+    atomic_init(&agg->pending, 1); /* held until every run is issued */
+    return agg;
+}
+
+void ema__win_rma_agg_done(struct ema_req_slot *slot, ucs_status_t status)
+{
+    struct ema_request *agg = slot->agg;
     if (status != UCS_OK) {
         int expected = EMA_SUCCESS;
         atomic_compare_exchange_strong(&agg->status, &expected, ema__xport_status(status));
     }
-    atomic_fetch_sub_explicit(&agg->pending, 1, memory_order_release);
+    atomic_fetch_sub(&slot->pending, 1);
+    /* the last touch of agg, unless it was given up and this is the last
+     * operation: then this frees it (rma_req_give_up) */
+    if (atomic_fetch_sub(&agg->pending, 1) == EMA_REQ_ORPHAN + 1) {
+        free(agg);
+    }
 }
 
 static inline ucs_status_ptr_t rma_issue(ema__win_ctx_t *ctx, ema_op_t op, int rank,
@@ -310,24 +334,18 @@ static ema_status_t rma_nb(ema_win_h win, ema_op_t op, int rank, size_t offset, 
         struct ema_request *req = sp;
         req->magic = EMA_REQ_MAGIC_UCX;
         req->xp    = ctx->xp;
-        req->ranks = (ctx->size > 64) ? ~0ull : 1ull << trank;
+        req->rank  = trank;
         *req_p     = req;
         return EMA_SUCCESS;
     }
 
     rma_leave(ctx, ep);
-    agg = malloc(sizeof(*agg));
+    agg = ema__win_rma_agg_new(ctx->xp, ctx->size);
     if (agg == NULL) {
         return EMA_ERR_NO_MEMORY;
     }
-    agg->magic = EMA_REQ_MAGIC_AGG;
-    agg->xp    = ctx->xp;
-    agg->ranks = (ctx->size > 64) ? ~0ull : 0;
-    atomic_init(&agg->status, EMA_SUCCESS);
-    atomic_init(&agg->pending, 1); /* held until every run is issued */
     param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
     param.cb.send      = rma_agg_cb;
-    param.user_data    = agg;
     while (len > 0) {
         n = rma_enter(win, part, offset, len, &trank, &tier, &raddr, &ep);
         if (n == 0) {
@@ -335,10 +353,11 @@ static ema_status_t rma_nb(ema_win_h win, ema_op_t op, int rank, size_t offset, 
             atomic_compare_exchange_strong(&agg->status, &expected, rma_fail(trank));
             break;
         }
+        struct ema_req_slot *slot = &agg->slots[trank];
+        slot->used      = 1;
+        param.user_data = slot;
+        atomic_fetch_add(&slot->pending, 1);
         atomic_fetch_add(&agg->pending, 1);
-        if (ctx->size <= 64) {
-            agg->ranks |= 1ull << trank;
-        }
         ucs_status_ptr_t sp = rma_issue(ctx, op, trank, tier, buf, n, raddr, &param);
         rma_issued(ctx, trank, ep);
         if (sp == NULL || UCS_PTR_IS_ERR(sp)) {
@@ -349,6 +368,7 @@ static ema_status_t rma_nb(ema_win_h win, ema_op_t op, int rank, size_t offset, 
                 atomic_compare_exchange_strong(&agg->status, &expected,
                                                ema__xport_status(UCS_PTR_STATUS(sp)));
             }
+            atomic_fetch_sub(&slot->pending, 1);
             atomic_fetch_sub(&agg->pending, 1);
         }
         buf = (char *)buf + n;
@@ -419,20 +439,18 @@ static ema_status_t rma_req_check(ema_request_h req)
     return EMA_SUCCESS;
 }
 
-/* Whether a rank that the request @req went to is lost: one recorded in
- * its ranks, or, where those are not kept (worlds of more than 64 ranks,
- * ranks ~0), any rank, but only for a request that failed. */
-static int rma_req_lost(ema_request_h req, ema_status_t status)
+/* Whether a rank that @req's operations went to is lost. */
+static int rma_req_lost(ema_request_h req)
 {
     ema__xport_t *xp = req->xp;
     if (xp == NULL || atomic_load(&xp->nlost) == 0) {
         return 0;
     }
-    if (req->ranks == ~0ull) {
-        return status != EMA_SUCCESS;
+    if (req->magic == EMA_REQ_MAGIC_UCX) {
+        return ema__xport_peer_lost(xp, req->rank);
     }
-    for (int r = 0; r < xp->size && r < 64; r++) {
-        if ((req->ranks & (1ull << r)) && ema__xport_peer_lost(xp, r)) {
+    for (int r = 0; r < xp->size; r++) {
+        if (req->slots[r].used && ema__xport_peer_lost(xp, r)) {
             return 1;
         }
     }
@@ -440,11 +458,7 @@ static int rma_req_lost(ema_request_h req, ema_status_t status)
 }
 
 /* Test once; on completion release the request and return its status:
- * EMA_ERR_PEER_LOST where a rank it went to is lost (ema(7) FAULTS).  A
- * request is complete only once UCX has completed every operation, so the
- * caller's buffer is never left to UCX: on one node's transports (shared
- * memory, cma, cuda_ipc) an operation to a dead rank completes, with its
- * memory's bytes or with an error. */
+ * EMA_ERR_PEER_LOST where a rank it went to is lost (ema(7) FAULTS). */
 static ema_status_t rma_req_poll(ema_request_h req)
 {
     ema_status_t status;
@@ -458,7 +472,7 @@ static ema_status_t rma_req_poll(ema_request_h req)
             return EMA_INPROGRESS;
         }
         status = ema__xport_status(us);
-        if (rma_req_lost(req, status)) {
+        if (rma_req_lost(req)) {
             status = EMA_ERR_PEER_LOST;
         } else if (us != UCS_OK) {
             ema_error("non-blocking rma failed: %s", ucs_status_string(us));
@@ -472,13 +486,61 @@ static ema_status_t rma_req_poll(ema_request_h req)
             return EMA_INPROGRESS;
         }
         status = (ema_status_t)atomic_load(&req->status);
-        if (rma_req_lost(req, status)) {
+        if (rma_req_lost(req)) {
             status = EMA_ERR_PEER_LOST;
         }
         req->magic = 0;
         free(req);
         return status;
     }
+}
+
+/*
+ * An incomplete request whose operations left are all to lost ranks: they
+ * may never complete (an operation that needs the target's help, as UCX's
+ * emulated RMA does, waits for it for ever).  Then the wait gives it up:
+ * EMA_ERR_PEER_LOST, the handle released, the operations left to UCX.
+ * Nothing is given up while an operation to a live rank is in flight: it
+ * may still write the caller's buffer (a get).  A dead rank sends no more
+ * data, so what is given up cannot write it either, except an operation
+ * that UCX completes on its own (shared memory, cma): and those complete
+ * before this is reached, or fail.  A UCX request is freed by UCX when it
+ * completes (ucp_request_free); an aggregate by the last operation's
+ * callback (EMA_REQ_ORPHAN in its count), or here if that came first.
+ */
+static int rma_req_stuck(ema_request_h req)
+{
+    ema__xport_t *xp = req->xp;
+    int lost = 0;
+    if (xp == NULL || atomic_load(&xp->nlost) == 0) {
+        return 0;
+    }
+    if (req->magic == EMA_REQ_MAGIC_UCX) {
+        return ema__xport_peer_lost(xp, req->rank);
+    }
+    for (int r = 0; r < xp->size; r++) {
+        if (atomic_load(&req->slots[r].pending) > 0) {
+            if (!ema__xport_peer_lost(xp, r)) {
+                return 0; /* one to a live rank is in flight */
+            }
+            lost = 1;
+        }
+    }
+    return lost;
+}
+
+static ema_status_t rma_req_give_up(ema_request_h req)
+{
+    if (req->magic == EMA_REQ_MAGIC_UCX) {
+        req->magic = 0;
+        ucp_request_free(req);
+    } else {
+        req->magic = 0;
+        if (atomic_fetch_add(&req->pending, EMA_REQ_ORPHAN) == 0) {
+            free(req); /* its last operation completed meanwhile */
+        }
+    }
+    return EMA_ERR_PEER_LOST;
 }
 
 EMA_EXPORT ema_status_t ema_test(ema_request_h req)
@@ -495,6 +557,9 @@ EMA_EXPORT ema_status_t ema_test(ema_request_h req)
         ema__xport_peers_check(xp);
         ema__xport_app_leave(xp);
         status = rma_req_poll(req);
+        if (status == EMA_INPROGRESS && rma_req_stuck(req)) {
+            status = rma_req_give_up(req);
+        }
     }
     return status;
 }
@@ -510,6 +575,9 @@ static int ema_req_finished(void *arg)
 {
     ema_req_wait_t *w = arg;
     w->status = rma_req_poll(w->req);
+    if (w->status == EMA_INPROGRESS && rma_req_stuck(w->req)) {
+        w->status = rma_req_give_up(w->req); /* only dead ranks left */
+    }
     return w->status != EMA_INPROGRESS;
 }
 

@@ -10,9 +10,14 @@
 
 typedef enum { EMA_OP_PUT, EMA_OP_GET } ema_op_t;
 
-/* One operation of the aggregate request @agg completed with @status (the
- * UCX callback's work; exposed for the unit tests). */
-void ema__win_rma_agg_done(struct ema_request *agg, ucs_status_t status);
+/* A new aggregate request of a world of @size ranks, held (pending 1)
+ * until its operations are issued; NULL out of memory.  Exposed with the
+ * next for the unit tests. */
+struct ema_request *ema__win_rma_agg_new(ema__xport_t *xp, int size);
+
+/* One operation of an aggregate request, to the rank of @slot, completed
+ * with @status (the UCX callback's work). */
+void ema__win_rma_agg_done(struct ema_req_slot *slot, ucs_status_t status);
 
 /*
  * Find the run starting at @offset: the rank and tier holding it, the remote

@@ -329,15 +329,28 @@ struct ema_win {
 #define EMA_REQ_MAGIC_AGG  0x52454741u
 #define EMA_REQ_MAGIC_DONE 0x52454444u
 
+struct ema_req_slot;
+
 struct ema_request {
     uint32_t      magic;
-    atomic_int    pending; /* aggregate: operations not yet complete */
+    /* aggregate: operations not yet complete, plus EMA_REQ_ORPHAN once a
+     * wait gave it up (rma.c, rma_req_give_up) */
+    atomic_int    pending;
     atomic_int    status;  /* aggregate: first error */
     ema__xport_t *xp;
-    /* the ranks its operations went to (bit r: rank r; ~0 in a world of
-     * more than 64), so that one completed to a lost rank says so */
-    uint64_t      ranks;
+    int           rank;    /* UCX request: the rank of its one operation */
+    /* aggregate: one per rank of the world, after the struct: the
+     * operations to that rank, so that a wait knows which are left */
+    struct ema_req_slot *slots;
 };
+
+/* An aggregate's operations to one rank; the UCX callback's user data. */
+struct ema_req_slot {
+    struct ema_request *agg;
+    atomic_int          pending;
+    int                 used;
+};
+#define EMA_REQ_ORPHAN (1 << 30)
 
 extern ema__win_ctx_t *ema__win_world;
 

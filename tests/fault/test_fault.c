@@ -13,6 +13,11 @@
  *   reclaim     [0] dies inside ema_reclaim, while rank 1 moves its segments
  *   migration   [1] dies in its reclaim callback, in the recall rank 0 asked
  *   collective  [2] dies while ranks 0 and 1 wait in ema_barrier
+ *   requests    [2] dies while rank 0 keeps non-blocking puts and gets to
+ *               it in flight over UCX (EMA_HOST_DIRECT=n): every ema_wait and
+ *               ema_test ends, with success or EMA_ERR_PEER_LOST (operations
+ *               UCX emulates with the target's help never completed, and the
+ *               waits hung: 8 of 8 runs)
  *   grow        [0] dies while rank 1 grows into 2 more of its segments:
  *               granted, not yet mapped (EMA_DEBUG_GROW_MAP_DELAY, 1 s on
  *               rank 1): the grow fails with EMA_ERR_PEER_LOST and the part
@@ -151,6 +156,9 @@ int main(int argc, char **argv)
 
     setvbuf(stdout, NULL, _IOLBF, 0);
     scenario = argc > 1 ? argv[1] : "";
+    if (!strcmp(scenario, "requests")) {
+        setenv("EMA_HOST_DIRECT", "n", 1); /* through UCX, not loads and stores */
+    }
     if (!strcmp(scenario, "grow") && getenv("OMPI_COMM_WORLD_RANK") != NULL &&
         !strcmp(getenv("OMPI_COMM_WORLD_RANK"), "1")) {
         setenv("EMA_DEBUG_GROW_MAP_DELAY", "1000000", 1); /* rank 1 maps 1 s late */
@@ -164,7 +172,7 @@ int main(int argc, char **argv)
     ema_t_current = scenario;
     victim = (!strcmp(scenario, "lender") || !strcmp(scenario, "reclaim") ||
               !strcmp(scenario, "grow")) ? 0
-             : (!strcmp(scenario, "collective")) ? 2 : 1;
+             : (!strcmp(scenario, "collective") || !strcmp(scenario, "requests")) ? 2 : 1;
     ema_win_params_t wp = {.field_mask = EMA_WIN_PARAM_FIELD_MAX_SIZE, .max_size = 16 * SEG};
     if (ema_win_allocate(rank == 1 ? 8 * SEG : part_size[rank], &wp, &base, &win) !=
             EMA_SUCCESS ||
@@ -202,8 +210,8 @@ int main(int argc, char **argv)
                 usleep(100);
             }
         }
-        if (!strcmp(scenario, "collective")) {
-            usleep(300000); /* the others wait in the barrier */
+        if (!strcmp(scenario, "collective") || !strcmp(scenario, "requests")) {
+            usleep(300000); /* the others wait in the barrier, or keep requests to it */
         }
         if (!strcmp(scenario, "grow")) {
             /* rank 1 has its grant (6 segments lent, not 4) and waits 1 s
@@ -227,6 +235,38 @@ int main(int argc, char **argv)
     } else if (!strcmp(scenario, "collective")) {
         ema_status_t st = ema_barrier();
         T_EXPECT(st == EMA_ERR_PEER_LOST, "ema_barrier: %s", ema_strerror(st));
+    } else if (!strcmp(scenario, "requests") && rank == 0) {
+        /* requests to the victim in flight, waited or tested, until one
+         * fails for its death and 0.2 s more */
+        enum { K = 32 };
+        ema_request_h q[K];
+        static uint8_t rbuf[K][SEG / 2];
+        int lost = 0, other = 0;
+        while (now_s() - t0 < 30 && (!lost || kill_time() == 0 || now_s() - kill_time() < 0.2)) {
+            for (int i = 0; i < K; i++) {
+                size_t off = (size_t)(i % 8) * SEG + SEG / 4 * (i % 2); /* some span 2 segments */
+                ema_status_t st = (i % 2) ? ema_get_nb(win, 2, off, rbuf[i], SEG / 2, &q[i])
+                                          : ema_put_nb(win, 2, off, rbuf[i], SEG / 2, &q[i]);
+                if (st != EMA_SUCCESS) {
+                    q[i] = NULL;
+                    lost += st == EMA_ERR_PEER_LOST;
+                    other += st != EMA_ERR_PEER_LOST;
+                }
+            }
+            for (int i = 0; i < K; i++) {
+                ema_status_t st = EMA_SUCCESS;
+                if (q[i] != NULL && (i % 4) == 0) {
+                    while ((st = ema_test(q[i])) == EMA_INPROGRESS) {
+                    }
+                } else if (q[i] != NULL) {
+                    st = ema_wait(q[i]);
+                }
+                lost += st == EMA_ERR_PEER_LOST;
+                other += st != EMA_SUCCESS && st != EMA_ERR_PEER_LOST;
+            }
+        }
+        T_EXPECT(lost > 0, "no request to the victim failed with EMA_ERR_PEER_LOST");
+        T_EXPECT(other == 0, "%d requests failed with another error", other);
     } else if (!strcmp(scenario, "grow") && rank == 1) {
         ema_status_t st = ema_win_grow(win, part_size[1] + 2 * SEG);
         size_t sz = 0;

@@ -88,16 +88,16 @@ static void rma_agg_cb(void *request, ucs_status_t status, void *user_data)
 
 struct ema_request *ema__win_rma_agg_new(ema__xport_t *xp, int size)
 {
-    struct ema_request *agg = calloc(1, sizeof(*agg) + (size_t)size * sizeof(*agg->slots));
+    struct ema_request *agg = calloc(1, sizeof(*agg) + (size_t)size * sizeof(struct ema_req_slot));
     if (agg == NULL) {
         return NULL;
     }
     agg->magic = EMA_REQ_MAGIC_AGG;
     agg->xp    = xp;
-    agg->slots = (struct ema_req_slot *)(agg + 1);
+    struct ema_req_slot *slots = ema__req_slots(agg);
     for (int r = 0; r < size; r++) {
-        agg->slots[r].agg = agg;
-        atomic_init(&agg->slots[r].pending, 0);
+        slots[r].agg = agg;
+        atomic_init(&slots[r].pending, 0);
     }
     atomic_init(&agg->status, EMA_SUCCESS);
     atomic_init(&agg->pending, 1); /* held until every run is issued */
@@ -353,7 +353,7 @@ static ema_status_t rma_nb(ema_win_h win, ema_op_t op, int rank, size_t offset, 
             atomic_compare_exchange_strong(&agg->status, &expected, rma_fail(trank));
             break;
         }
-        struct ema_req_slot *slot = &agg->slots[trank];
+        struct ema_req_slot *slot = &ema__req_slots(agg)[trank];
         slot->used      = 1;
         param.user_data = slot;
         atomic_fetch_add(&slot->pending, 1);
@@ -439,22 +439,31 @@ static ema_status_t rma_req_check(ema_request_h req)
     return EMA_SUCCESS;
 }
 
-/* Whether a rank that @req's operations went to is lost. */
-static int rma_req_lost(ema_request_h req)
+/* Whether a rank that @req's operations went to is lost (@left 0); or
+ * (@left 1) whether it has operations left and all of them go to lost
+ * ranks. */
+static int rma_req_lost(ema_request_h req, int left)
 {
     ema__xport_t *xp = req->xp;
+    int lost = 0;
     if (xp == NULL || atomic_load(&xp->nlost) == 0) {
         return 0;
     }
     if (req->magic == EMA_REQ_MAGIC_UCX) {
         return ema__xport_peer_lost(xp, req->rank);
     }
+    struct ema_req_slot *slots = ema__req_slots(req);
     for (int r = 0; r < xp->size; r++) {
-        if (req->slots[r].used && ema__xport_peer_lost(xp, r)) {
-            return 1;
+        if (left ? atomic_load(&slots[r].pending) == 0 : !slots[r].used) {
+            continue;
+        }
+        if (ema__xport_peer_lost(xp, r)) {
+            lost = 1;
+        } else if (left) {
+            return 0; /* one to a live rank is in flight */
         }
     }
-    return 0;
+    return lost;
 }
 
 /* Test once; on completion release the request and return its status:
@@ -472,7 +481,7 @@ static ema_status_t rma_req_poll(ema_request_h req)
             return EMA_INPROGRESS;
         }
         status = ema__xport_status(us);
-        if (rma_req_lost(req)) {
+        if (rma_req_lost(req, 0)) {
             status = EMA_ERR_PEER_LOST;
         } else if (us != UCS_OK) {
             ema_error("non-blocking rma failed: %s", ucs_status_string(us));
@@ -486,7 +495,7 @@ static ema_status_t rma_req_poll(ema_request_h req)
             return EMA_INPROGRESS;
         }
         status = (ema_status_t)atomic_load(&req->status);
-        if (rma_req_lost(req)) {
+        if (rma_req_lost(req, 0)) {
             status = EMA_ERR_PEER_LOST;
         }
         req->magic = 0;
@@ -496,7 +505,8 @@ static ema_status_t rma_req_poll(ema_request_h req)
 }
 
 /*
- * An incomplete request whose operations left are all to lost ranks: they
+ * An incomplete request whose operations left all go to lost ranks
+ * (rma_req_lost(req, 1)): they
  * may never complete (an operation that needs the target's help, as UCX's
  * emulated RMA does, waits for it for ever).  Then the wait gives it up:
  * EMA_ERR_PEER_LOST, the handle released, the operations left to UCX.
@@ -508,27 +518,6 @@ static ema_status_t rma_req_poll(ema_request_h req)
  * completes (ucp_request_free); an aggregate by the last operation's
  * callback (EMA_REQ_ORPHAN in its count), or here if that came first.
  */
-static int rma_req_stuck(ema_request_h req)
-{
-    ema__xport_t *xp = req->xp;
-    int lost = 0;
-    if (xp == NULL || atomic_load(&xp->nlost) == 0) {
-        return 0;
-    }
-    if (req->magic == EMA_REQ_MAGIC_UCX) {
-        return ema__xport_peer_lost(xp, req->rank);
-    }
-    for (int r = 0; r < xp->size; r++) {
-        if (atomic_load(&req->slots[r].pending) > 0) {
-            if (!ema__xport_peer_lost(xp, r)) {
-                return 0; /* one to a live rank is in flight */
-            }
-            lost = 1;
-        }
-    }
-    return lost;
-}
-
 static ema_status_t rma_req_give_up(ema_request_h req)
 {
     if (req->magic == EMA_REQ_MAGIC_UCX) {
@@ -557,7 +546,7 @@ EMA_EXPORT ema_status_t ema_test(ema_request_h req)
         ema__xport_peers_check(xp);
         ema__xport_app_leave(xp);
         status = rma_req_poll(req);
-        if (status == EMA_INPROGRESS && rma_req_stuck(req)) {
+        if (status == EMA_INPROGRESS && rma_req_lost(req, 1)) {
             status = rma_req_give_up(req);
         }
     }
@@ -575,7 +564,7 @@ static int ema_req_finished(void *arg)
 {
     ema_req_wait_t *w = arg;
     w->status = rma_req_poll(w->req);
-    if (w->status == EMA_INPROGRESS && rma_req_stuck(w->req)) {
+    if (w->status == EMA_INPROGRESS && rma_req_lost(w->req, 1)) {
         w->status = rma_req_give_up(w->req); /* only dead ranks left */
     }
     return w->status != EMA_INPROGRESS;

@@ -329,8 +329,6 @@ struct ema_win {
 #define EMA_REQ_MAGIC_AGG  0x52454741u
 #define EMA_REQ_MAGIC_DONE 0x52454444u
 
-struct ema_req_slot;
-
 struct ema_request {
     uint32_t      magic;
     /* aggregate: operations not yet complete, plus EMA_REQ_ORPHAN once a
@@ -339,9 +337,9 @@ struct ema_request {
     atomic_int    status;  /* aggregate: first error */
     ema__xport_t *xp;
     int           rank;    /* UCX request: the rank of its one operation */
-    /* aggregate: one per rank of the world, after the struct: the
-     * operations to that rank, so that a wait knows which are left */
-    struct ema_req_slot *slots;
+    /* an aggregate is followed by one struct ema_req_slot per rank of the
+     * world (ema__req_slots): its operations to that rank, so that a wait
+     * knows which are left */
 };
 
 /* An aggregate's operations to one rank; the UCX callback's user data. */
@@ -350,6 +348,11 @@ struct ema_req_slot {
     atomic_int          pending;
     int                 used;
 };
+
+static inline struct ema_req_slot *ema__req_slots(struct ema_request *agg)
+{
+    return (struct ema_req_slot *)(agg + 1);
+}
 #define EMA_REQ_ORPHAN (1 << 30)
 
 extern ema__win_ctx_t *ema__win_world;

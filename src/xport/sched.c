@@ -132,10 +132,11 @@ int ema__xport_flag_reached(void *arg)
 void ema__xport_wait_step(ema__xport_t *xp, unsigned mode)
 {
     if (ema__xport_wait_pass(xp, mode) == 0) {
-        /* as ema__xport_wait_idle: with EMA_PROGRESS_THREAD=n nobody else
-         * looks for a dead peer, and the collectives wait here */
-        ema__xport_peers_check(xp);
-        ema__xport_idle(xp);
+        /* an idle pass like any wait's (a dead peer looked for: with
+         * EMA_PROGRESS_THREAD=n nobody else does, and the collectives wait
+         * here); one step never naps */
+        unsigned idle = 0;
+        ema__xport_wait_idle(xp, mode & ~EMA_WAIT_NAP, &idle);
     }
 }
 

@@ -7,7 +7,11 @@
 #   np4 [--timeout S] PROGRAM ARGS...
 # which runs PROGRAM on 4 ranks under mpirun --timeout (120 s by default),
 # oversubscribed (the CI machine has 2 cores), with every EMA_* variable of
-# the environment passed on to the ranks, and
+# the environment passed on to the ranks,
+#   np4_lines [--timeout S] MODE REGEX
+# which runs tests/mpi/test_regress MODE as np4 does, prints its output, and
+# returns 0 only when mpirun exits 0 and 4 lines (one per rank) match REGEX,
+# and
 #   np_seg64k N PROGRAM
 # which runs tests/mpi/PROGRAM on N ranks under mpirun --timeout 60 with
 # EMA_SEGMENT_SIZE=64K and EMA_DEVICE_MEMORY=64M (those two passed on), so
@@ -38,6 +42,24 @@ np4() {
     done
     # shellcheck disable=SC2086
     exec "$MPIRUN" --oversubscribe --timeout "$np4_timeout" $np4_x -n 4 "$@"
+}
+
+np4_lines() {
+    np4_lt=120
+    if [ "$1" = --timeout ]; then
+        np4_lt=$2
+        shift 2
+    fi
+    np4_out=$( (np4 --timeout "$np4_lt" "$top_builddir/tests/mpi/test_regress" "$1") 2>&1)
+    np4_rc=$?
+    echo "$np4_out"
+    np4_n=$(echo "$np4_out" | grep -c "$2")
+    echo "mpirun exit status $np4_rc, $np4_n of 4 ranks' lines match"
+    if [ "$np4_rc" -ne 0 ] || [ "$np4_n" -ne 4 ]; then
+        echo "FAIL: test_regress $1"
+        return 1
+    fi
+    echo "PASS: test_regress $1"
 }
 
 np_seg64k() {

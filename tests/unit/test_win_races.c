@@ -741,10 +741,10 @@ static struct ema_request *agg_in_flight(int to_peer, int to_me)
 {
     struct ema_request *agg = ema__win_rma_agg_new(&xp, NRANKS);
     ck_assert_ptr_nonnull(agg);
-    agg->slots[PEER].used = to_peer > 0;
-    agg->slots[ME].used   = to_me > 0;
-    atomic_store(&agg->slots[PEER].pending, to_peer);
-    atomic_store(&agg->slots[ME].pending, to_me);
+    ema__req_slots(agg)[PEER].used = to_peer > 0;
+    ema__req_slots(agg)[ME].used   = to_me > 0;
+    atomic_store(&ema__req_slots(agg)[PEER].pending, to_peer);
+    atomic_store(&ema__req_slots(agg)[ME].pending, to_me);
     atomic_store(&agg->pending, to_peer + to_me); /* issued: the hold dropped */
     return agg;
 }
@@ -760,7 +760,8 @@ EMA_TEST("races", test_request_to_a_lost_rank_ends_with_peer_lost)
 {
     struct ema_request *a = agg_in_flight(1, 0), *b = agg_in_flight(1, 1);
     struct ema_request *c = agg_in_flight(1, 0), *d = agg_in_flight(0, 1);
-    struct ema_req_slot *a_peer = &a->slots[PEER], *b_peer = &b->slots[PEER];
+    struct ema_req_slot *a_peer = &ema__req_slots(a)[PEER];
+    struct ema_req_slot *b_peer = &ema__req_slots(b)[PEER];
 
     ck_assert_int_eq(ema_test(a), EMA_INPROGRESS); /* the peer is alive */
     ema__xport_mark_lost(&xp, PEER, "the test");
@@ -770,15 +771,15 @@ EMA_TEST("races", test_request_to_a_lost_rank_ends_with_peer_lost)
     ema__win_rma_agg_done(a_peer, UCS_ERR_CANCELED); /* UCX, later: frees it */
     /* b: one to this (live) rank in flight: it waits for that one */
     ck_assert_int_eq(ema_test(b), EMA_INPROGRESS);
-    ema__win_rma_agg_done(&b->slots[ME], UCS_OK);
+    ema__win_rma_agg_done(&ema__req_slots(b)[ME], UCS_OK);
     ck_assert_int_eq(ema_wait(b), EMA_ERR_PEER_LOST);
     ema__win_rma_agg_done(b_peer, UCS_OK);
     /* c: its operation completed, to a rank lost since: PEER_LOST, freed */
-    ema__win_rma_agg_done(&c->slots[PEER], UCS_OK);
+    ema__win_rma_agg_done(&ema__req_slots(c)[PEER], UCS_OK);
     ck_assert_int_eq(ema_wait(c), EMA_ERR_PEER_LOST);
     /* d: to this rank only: the loss does not touch it */
     ck_assert_int_eq(ema_test(d), EMA_INPROGRESS);
-    ema__win_rma_agg_done(&d->slots[ME], UCS_OK);
+    ema__win_rma_agg_done(&ema__req_slots(d)[ME], UCS_OK);
     ck_assert_int_eq(ema_wait(d), EMA_SUCCESS);
     /* alive again, for the teardown's collective free */
     atomic_store(&xp.lost[PEER], 0);

@@ -706,6 +706,17 @@ def main():
             parse_size(v)
         except ValueError:
             ap.error("%s: not a size: %s (4096, 64K, 256M, 1G)" % (opt, v))
+    # --model and --slo go to every run: a typo would fail each of them
+    # (after the calibration and the pilots), so refuse it here.
+    for opt, v, n in (("--model", a.model, 4), ("--slo", a.slo, 2)):
+        try:
+            ok = v is None or (len(v.split(",")) == n and
+                               all(float(x) >= 0 for x in v.split(",")))
+        except ValueError:
+            ok = False
+        if not ok:
+            ap.error("%s takes %d numbers of 0 or more, comma-separated (%s): not %s"
+                     % (opt, n, "B,D,K,P" if n == 4 else "TTFT,TPOT", v))
     if a.no_run and not os.path.isdir(a.out):
         ap.error("--no-run: no directory %s" % a.out)
     os.makedirs(a.out, exist_ok=True)

@@ -184,7 +184,15 @@ ema_status_t ema__xport_wait_peer(ema__xport_t *xp, unsigned mode, int peer,
                           ? ema__now_us() + xp->cfg.peer_timeout * 1e6 : 0;
     ema_status_t st = ema__xport_wait_until(xp, mode, deadline, ema_xport_peer_done, &w);
     if (st == EMA_ERR_TIMEOUT) {
-        ema__xport_mark_lost(xp, peer, "no answer within EMA_PEER_TIMEOUT");
+        /* After a death, a live peer's silence may be UCX's: a rank killed
+         * while writing into a shared-memory receive queue (sysv, posix)
+         * leaves a slot taken and never written, and its owner receives
+         * nothing after it (ema(7) FAULTS). */
+        ema__xport_mark_lost(xp, peer, (atomic_load(&xp->nlost) != 0 && !xp->cfg.peer_errors)
+                                           ? "no answer within EMA_PEER_TIMEOUT, perhaps a "
+                                             "shared-memory queue blocked by a rank lost "
+                                             "before: see ema(7) FAULTS"
+                                           : "no answer within EMA_PEER_TIMEOUT");
         return EMA_ERR_PEER_LOST;
     }
     return w.lost ? EMA_ERR_PEER_LOST : EMA_SUCCESS;

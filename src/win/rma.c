@@ -92,13 +92,9 @@ struct ema_request *ema__win_rma_agg_new(ema__xport_t *xp, int size)
     if (agg == NULL) {
         return NULL;
     }
+    /* the slots zeroed: no operation to any rank yet (agg set on the first) */
     agg->magic = EMA_REQ_MAGIC_AGG;
     agg->xp    = xp;
-    struct ema_req_slot *slots = ema__req_slots(agg);
-    for (int r = 0; r < size; r++) {
-        slots[r].agg = agg;
-        atomic_init(&slots[r].pending, 0);
-    }
     atomic_init(&agg->status, EMA_SUCCESS);
     atomic_init(&agg->pending, 1); /* held until every run is issued */
     return agg;
@@ -354,7 +350,7 @@ static ema_status_t rma_nb(ema_win_h win, ema_op_t op, int rank, size_t offset, 
             break;
         }
         struct ema_req_slot *slot = &ema__req_slots(agg)[trank];
-        slot->used      = 1;
+        slot->agg       = agg;
         param.user_data = slot;
         atomic_fetch_add(&slot->pending, 1);
         atomic_fetch_add(&agg->pending, 1);
@@ -454,7 +450,7 @@ static int rma_req_lost(ema_request_h req, int left)
     }
     struct ema_req_slot *slots = ema__req_slots(req);
     for (int r = 0; r < xp->size; r++) {
-        if (left ? atomic_load(&slots[r].pending) == 0 : !slots[r].used) {
+        if (left ? atomic_load(&slots[r].pending) == 0 : slots[r].agg == NULL) {
             continue;
         }
         if (ema__xport_peer_lost(xp, r)) {

@@ -344,9 +344,8 @@ struct ema_request {
 
 /* An aggregate's operations to one rank; the UCX callback's user data. */
 struct ema_req_slot {
-    struct ema_request *agg;
-    atomic_int          pending;
-    int                 used;
+    struct ema_request *agg;     /* NULL: no operation went to the rank */
+    atomic_int          pending; /* those not yet complete */
 };
 
 static inline struct ema_req_slot *ema__req_slots(struct ema_request *agg)

@@ -741,8 +741,8 @@ static struct ema_request *agg_in_flight(int to_peer, int to_me)
 {
     struct ema_request *agg = ema__win_rma_agg_new(&xp, NRANKS);
     ck_assert_ptr_nonnull(agg);
-    ema__req_slots(agg)[PEER].used = to_peer > 0;
-    ema__req_slots(agg)[ME].used   = to_me > 0;
+    ema__req_slots(agg)[PEER].agg = to_peer > 0 ? agg : NULL;
+    ema__req_slots(agg)[ME].agg   = to_me > 0 ? agg : NULL;
     atomic_store(&ema__req_slots(agg)[PEER].pending, to_peer);
     atomic_store(&ema__req_slots(agg)[ME].pending, to_me);
     atomic_store(&agg->pending, to_peer + to_me); /* issued: the hold dropped */

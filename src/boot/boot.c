@@ -11,6 +11,8 @@
 #include <unistd.h>
 
 #define EMA_BOOT_CFG(_f) offsetof(ema__boot_config_t, _f)
+/* The one key of the exchange; a later ema_init's put replaces it. */
+#define EMA_BOOT_KEY     "ema.modex"
 
 const ema_config_field_t ema__boot_config_table[] = {
     {"BOOT_TIMEOUT", "60",
@@ -236,8 +238,27 @@ void ema__boot_finalize(ema__boot_t *boot)
     boot->singleton = 1;
 }
 
-void ema__boot_abandon(ema__boot_t *boot)
+static ema_status_t boot_fence(ema__boot_t *boot);
+static ema_status_t boot_put(int32_t status, const void *blob, size_t len);
+
+void ema__boot_abandon(ema__boot_t *boot, ema_status_t status)
 {
+    if (!boot->singleton && ema_boot_pmix_up && !boot->exchanged) {
+        /* ema_init is collective: the other ranks are in, or on their way
+         * to, the exchange.  Leaving them there cost them EMA_BOOT_TIMEOUT
+         * where this rank then stayed in the job, or exited before they
+         * entered the fence (Open MPI 4.1's server ends a fence early only
+         * for a participant that leaves while it runs): test_regress
+         * init_one_fails failed so in CI.  Taking part with our status
+         * fails them at once, whatever the timing; we wait for them as a
+         * successful ema_init would (at most EMA_BOOT_TIMEOUT). */
+        boot->exchanged = 1;
+        ema_debug("telling the other ranks that ema_init failed here (%s)",
+                  ema_strerror(status));
+        if (boot_put((int32_t)status, NULL, 0) == EMA_SUCCESS) {
+            (void)boot_fence(boot);
+        }
+    }
     /* PMIx stays up for the next ema_init (see ema_boot_pmix_up) */
     ema_boot_idle   = ema_boot_pmix_up;
     boot->singleton = 1;
@@ -313,13 +334,46 @@ static ema_status_t boot_fence(ema__boot_t *boot)
     return EMA_SUCCESS;
 }
 
-ema_status_t ema__boot_exchange(ema__boot_t *boot, const char *key, const void *blob,
-                                size_t len, void ***blobs_p, size_t **lens_p)
+/* Our entry in the exchange: [int32 status][blob], status 0 unless our
+ * ema_init failed (ema__boot_abandon). */
+static ema_status_t boot_put(int32_t status, const void *blob, size_t len)
+{
+    pmix_value_t value;
+    pmix_status_t rc;
+    char *buf = malloc(sizeof(status) + len);
+
+    if (buf == NULL) {
+        return EMA_ERR_NO_MEMORY;
+    }
+    memcpy(buf, &status, sizeof(status));
+    if (len > 0) {
+        memcpy(buf + sizeof(status), blob, len);
+    }
+    PMIX_VALUE_CONSTRUCT(&value);
+    value.type          = PMIX_BYTE_OBJECT;
+    value.data.bo.bytes = buf;
+    value.data.bo.size  = sizeof(status) + len;
+    rc = PMIx_Put(PMIX_LOCAL, EMA_BOOT_KEY, &value); /* copies it */
+    free(buf);
+    if (rc != PMIX_SUCCESS) {
+        ema_error("PMIx_Put(%s) failed: %s", EMA_BOOT_KEY, PMIx_Error_string(rc));
+        return EMA_ERR_BOOTSTRAP;
+    }
+    rc = PMIx_Commit();
+    if (rc != PMIX_SUCCESS) {
+        ema_error("PMIx_Commit failed: %s", PMIx_Error_string(rc));
+        return EMA_ERR_BOOTSTRAP;
+    }
+    return EMA_SUCCESS;
+}
+
+ema_status_t ema__boot_exchange(ema__boot_t *boot, const void *blob, size_t len,
+                                void ***blobs_p, size_t **lens_p)
 {
     void **blobs = calloc(boot->size, sizeof(*blobs));
     size_t *lens = calloc(boot->size, sizeof(*lens));
     ema_status_t status;
-    pmix_value_t value, *val;
+    pmix_value_t *val;
     pmix_status_t rc;
     pmix_proc_t peer;
 
@@ -339,20 +393,9 @@ ema_status_t ema__boot_exchange(ema__boot_t *boot, const char *key, const void *
         goto out;
     }
 
-    PMIX_VALUE_CONSTRUCT(&value);
-    value.type          = PMIX_BYTE_OBJECT;
-    value.data.bo.bytes = (char *)blob;
-    value.data.bo.size  = len;
-    rc = PMIx_Put(PMIX_LOCAL, key, &value);
-    if (rc != PMIX_SUCCESS) {
-        ema_error("PMIx_Put(%s) failed: %s", key, PMIx_Error_string(rc));
-        status = EMA_ERR_BOOTSTRAP;
-        goto err_free;
-    }
-    rc = PMIx_Commit();
-    if (rc != PMIX_SUCCESS) {
-        ema_error("PMIx_Commit failed: %s", PMIx_Error_string(rc));
-        status = EMA_ERR_BOOTSTRAP;
+    boot->exchanged = 1;
+    status = boot_put(0, blob, len);
+    if (status != EMA_SUCCESS) {
         goto err_free;
     }
     status = boot_fence(boot);
@@ -360,27 +403,48 @@ ema_status_t ema__boot_exchange(ema__boot_t *boot, const char *key, const void *
         goto err_free;
     }
 
+    int nfailed = 0, failed = -1;
+    int32_t failed_status = 0;
     for (int r = 0; r < boot->size; r++) {
+        int32_t rs;
         PMIX_LOAD_PROCID(&peer, ema_boot_proc.nspace, (pmix_rank_t)r);
         val = NULL;
-        rc  = PMIx_Get(&peer, key, NULL, 0, &val);
-        if (rc != PMIX_SUCCESS || val == NULL || val->type != PMIX_BYTE_OBJECT) {
-            ema_error("PMIx_Get(%s) from rank %d failed: %s", key, r, PMIx_Error_string(rc));
+        rc  = PMIx_Get(&peer, EMA_BOOT_KEY, NULL, 0, &val);
+        if (rc != PMIX_SUCCESS || val == NULL || val->type != PMIX_BYTE_OBJECT ||
+            val->data.bo.size < sizeof(rs)) {
+            ema_error("PMIx_Get(%s) from rank %d failed: %s", EMA_BOOT_KEY, r,
+                      (rc == PMIX_SUCCESS) ? "malformed entry" : PMIx_Error_string(rc));
             if (val) {
                 PMIX_VALUE_RELEASE(val);
             }
             status = EMA_ERR_BOOTSTRAP;
             goto err_free;
         }
-        blobs[r] = malloc(val->data.bo.size ? val->data.bo.size : 1);
+        memcpy(&rs, val->data.bo.bytes, sizeof(rs));
+        if (rs != 0) {
+            failed_status = (failed < 0) ? rs : failed_status;
+            failed        = (failed < 0) ? r : failed;
+            nfailed++;
+            PMIX_VALUE_RELEASE(val);
+            continue;
+        }
+        size_t n = val->data.bo.size - sizeof(rs);
+        blobs[r] = malloc(n ? n : 1);
         if (blobs[r] == NULL) {
             PMIX_VALUE_RELEASE(val);
             status = EMA_ERR_NO_MEMORY;
             goto err_free;
         }
-        memcpy(blobs[r], val->data.bo.bytes, val->data.bo.size);
-        lens[r] = val->data.bo.size;
+        memcpy(blobs[r], val->data.bo.bytes + sizeof(rs), n);
+        lens[r] = n;
         PMIX_VALUE_RELEASE(val);
+    }
+    if (nfailed > 0) {
+        ema_error("the ema_init of rank %d failed (%s)%s: every rank's ema_init fails, as it "
+                  "is collective", failed, ema_strerror((ema_status_t)failed_status),
+                  (nfailed > 1) ? ", and other ranks' too" : "");
+        status = EMA_ERR_PEER_LOST;
+        goto err_free;
     }
 out:
     *blobs_p = blobs;

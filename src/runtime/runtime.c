@@ -400,7 +400,7 @@ static ema_status_t runtime_modex(ema__world_t *w)
     memcpy(blob + sizeof(alen) + alen, wblob, wlen);
     free(wblob);
 
-    status = ema__boot_exchange(&w->boot, "ema.modex", blob, len, &blobs, &lens);
+    status = ema__boot_exchange(&w->boot, blob, len, &blobs, &lens);
     free(blob);
     if (status != EMA_SUCCESS) {
         return status;
@@ -594,7 +594,7 @@ err_arena:
 err_topo:
     runtime_topo_cleanup(w);
 err_boot:
-    ema__boot_abandon(&w->boot);
+    ema__boot_abandon(&w->boot, status);
 err_state:
     atomic_store(&ema__state, EMA_STATE_NONE);
     return status;

@@ -13,11 +13,13 @@
  *       finalize"), killing the ranks that had not printed yet, since the
  *       PMIx connection stayed open after the failed ema_init.
  *   test_regress init_one_fails   (the script checks every rank's line)
- *       rank 1's ema_init fails (EMA_DEVICE_MEMORY=1K), 1 s after the
- *       others' began, and it exits; the
- *       other ranks' ema_init must fail with EMA_ERR_PEER_LOST within 30 s
+ *       rank 1's ema_init fails (EMA_DEVICE_MEMORY=1K) before the others'
+ *       have begun, and it exits; its must return EMA_ERR_INVALID_PARAM and
+ *       the other ranks' must fail with EMA_ERR_PEER_LOST, all within 30 s
  *       (EMA_BOOT_TIMEOUT=60): they failed with EMA_ERR_BOOTSTRAP and a
- *       log line that did not say a rank had left.
+ *       log line that did not say a rank had left, then (CI, 2026-12)
+ *       with EMA_ERR_TIMEOUT after 60 s where rank 1 left before they
+ *       entered the fence.
  *   test_regress held_noprog  (EMA_PROGRESS_THREAD=n, spill host)
  *       test_recall_of_held_segment_never_blocks_progress
  *         rank 0 holds one borrowed segment of four; the lender reclaims:
@@ -812,12 +814,17 @@ int main(int argc, char **argv)
         const char *r = getenv("OMPI_COMM_WORLD_RANK");
         int me = r ? atoi(r) : -1;
         if (me == 1) {
+            /* no head start for the others: before 2026-12-06 rank 1 left
+             * without taking part in the exchange, and where it left before
+             * they entered the fence (CI, with a 1 s head start), Open MPI
+             * 4.1's server never ended it and they failed after
+             * EMA_BOOT_TIMEOUT.  It now joins the exchange with its error,
+             * so the timing no longer matters. */
             setenv("EMA_DEVICE_MEMORY", "1K", 1);
-            /* the others are in the fence when it leaves: where it leaves
-             * before they enter it, Open MPI's server (4.1) never ends the
-             * fence, and they fail after EMA_BOOT_TIMEOUT (1 run in 20
-             * here without this sleep; ema_init(3) says so) */
-            sleep(1);
+        } else {
+            /* the others are slow to come: rank 1's failed ema_init waits
+             * for them, then returns its own error */
+            usleep(300000);
         }
         struct timespec t0, t1;
         clock_gettime(CLOCK_MONOTONIC, &t0);

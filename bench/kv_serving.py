@@ -475,15 +475,25 @@ def tabulate(a, data):
     lines.append("# kv_serving results (%s)\n" % title)
     # what the runs on disk were, not this command line (--no-run, or a
     # directory that holds more seeds than asked for now)
-    seeds = sorted({sd for runs in data.values() for sd in runs})
+    # per scenario (rotating has --seeds, the others --other-seeds), and
+    # the sweep's loads apart
+    seeds = []
+    for scn in SCENARIOS:
+        sds = sorted({sd for key, runs in data.items() if key[0] == scn and key[2] is None
+                      for sd in runs})
+        if sds:
+            seeds.append("%s %s" % (scn, seed_list(sds)))
+    sds = sorted({sd for key, runs in data.items() if key[2] is not None for sd in runs})
+    if sds:
+        seeds.append("load sweep %s" % seed_list(sds))
     nranks = max((int(num(r["rank"])) + 1 for runs in data.values() for run in runs.values()
                   for r in run["summ"] if num(r.get("rank")) == num(r.get("rank"))),
                  default=a.np)
     c_mem, tok = run_setting(data, "--kv-mem", a.kv_mem), run_setting(data, "--tok-bytes",
                                                                        str(a.tok_bytes))
     lines.append("%d ranks, C = %s of KV memory per rank, %s B of K/V per token; "
-                 "seeds %s; values are medians over seeds [min–max].\n"
-                 % (nranks, c_mem, tok, seed_list(seeds)))
+                 "seeds: %s; values are medians over seeds [min–max].\n"
+                 % (nranks, c_mem, tok, "; ".join(seeds) or "none"))
     for name in ("calibration.txt", "load_scale.txt"):
         path = os.path.join(a.out, name)
         if os.path.exists(path):

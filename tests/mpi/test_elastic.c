@@ -24,6 +24,7 @@
  *       test_grow_fails_no_memory_leaves_window_unchanged
  *       test_grow_fails_no_memory_when_all_peer_memory_used
  *       test_reclaim_with_nowhere_to_move_fails_fast
+ *       test_reclaim_refused_while_one_segment_is_held_fails_fast
  *       test_reclaim_while_owner_holds_each_step_fails_fast
  *   test_elastic noprog   (as default, EMA_PROGRESS_THREAD=n: the lender reclaims
  *                          while the borrower waits in ema_barrier, whose waits
@@ -1841,6 +1842,120 @@ static void test_reclaim_with_nowhere_to_move_fails_fast(void)
     scenario_end();
 }
 
+static void set_owner_done(void);
+
+/* Rank 0's window grown one segment at a time into every peer's lendable
+ * memory (*@pl), so that lender_of[k] names the rank that lent its k-th
+ * borrowed segment (from the peers' bytes_lent after each step). */
+static int grow_by_segments(grown_t *g, uint64_t seed, size_t *pl, int *lender_of, size_t max)
+{
+    ema_mem_stat_t prev[64], st[64];
+    ema_mem_stat_t m = {0};
+
+    gather_mem_stats(prev);
+    *pl = peers_lendable(prev);
+    T_OK(ema_mem_stat(&m));
+    g->own  = (ema_t_rank == 0) ? m.bytes_free : 0;
+    g->own  = bcast_u64(0, g->own);
+    g->size = g->own;
+    g->win  = alloc_win(ema_t_rank == 0 ? g->own : 0, ema_t_rank == 0 ? g->own + *pl : 0,
+                        (void **)&g->base);
+    if (ema_t_rank == 0) {
+        fill_words(g->win, g->base, 0, g->own, seed);
+    }
+    size_t n = *pl / SEG;
+    uint64_t ok = n <= max;
+    T_EXPECT(ok, "%zu lendable segments, more than the %zu the test expects", n, max);
+    for (size_t k = 0; ok && k < n; k++) {
+        if (ema_t_rank == 0) {
+            ema_status_t s = ema_win_grow(g->win, g->own + (k + 1) * SEG);
+            T_STATUS(s, EMA_SUCCESS);
+            ok = (s == EMA_SUCCESS);
+        }
+        ok = bcast_u64(0, ok);
+        gather_mem_stats(st);
+        lender_of[k] = -1;
+        for (int r = 1; r < ema_t_size; r++) {
+            if (st[r].bytes_lent > prev[r].bytes_lent) {
+                lender_of[k] = r;
+            }
+        }
+        memcpy(prev, st, sizeof(st));
+    }
+    g->size = g->own + (ok ? n * SEG : 0);
+    if (ok && ema_t_rank == 0) {
+        fill_words(g->win, g->base, g->own, g->size, seed);
+    }
+    T_OK(ema_barrier());
+    return (int)ok;
+}
+
+/* The lender reclaims all of its memory while rank 0, with nowhere to move
+ * anything, holds one of the two segments it borrowed from it: the other is
+ * refused at once, and the reclaim must fail then with EMA_ERR_NO_MEMORY,
+ * not wait for the held one.  It waited out its whole timeout (found by a
+ * black-box test, session 23: 3 s of 3 s; with EMA_TIMEOUT_INFINITE, for ever
+ * where the owner releases only once the lender is done).  The held segment
+ * is refused too once released; no byte is lost. */
+static void test_reclaim_refused_while_one_segment_is_held_fails_fast(void)
+{
+    grown_t g;
+    size_t pl;
+    int lender_of[64];
+
+    scenario_begin(__func__);
+    wait_clean("start");
+    clear_own_flags();
+    int ok = grow_by_segments(&g, 150, &pl, lender_of, 64);
+    /* the lender of the first borrowed segment, and two of its segments */
+    int L = ok ? lender_of[0] : -1;
+    size_t held = 0, other = 0, nL = 0;
+    for (size_t k = 0; ok && k < pl / SEG; k++) {
+        if (lender_of[k] == L) {
+            if (nL == 0) {
+                held = k;
+            } else if (nL == 1) {
+                other = k;
+            }
+            nL++;
+        }
+    }
+    T_EXPECT(!ok || (L > 0 && nL >= 2), "rank %d lent %zu of rank 0's segments: the test "
+             "needs 2", L, nL);
+    ok = ok && L > 0 && nL >= 2;
+    if (ok && ema_t_rank == 0) {
+        T_OK(ema_win_acquire(g.win, g.own + held * SEG, SEG));
+        printf("# rank 0 holds its borrowed segment %zu (of rank %d), not %zu\n", held, L,
+               other);
+        fflush(stdout);
+    }
+    ema_mem_stat_t st[64];
+    gather_mem_stats(st); /* the hold is in place */
+    if (ok && ema_t_rank == L) {
+        size_t lent = st[L].bytes_lent;
+        reclaim_expect_refused(st[L].bytes_free + lent, lent,
+                               "one segment refused, the other held", set_owner_done);
+    } else if (ok && ema_t_rank == 0) {
+        /* released only once the lender is back, as the black-box test did */
+        double t0 = t_now();
+        while (!own_flag(FLAG_DONE) && t_now() - t0 < 30) {
+            usleep(1000);
+        }
+        T_EXPECT(own_flag(FLAG_DONE), "the lender's reclaim never returned");
+        T_OK(ema_win_release(g.win, g.own + held * SEG, SEG));
+    }
+    T_OK(ema_barrier());
+    if (ok && ema_t_rank == 0) {
+        ema_win_stat_t ws = {0};
+        win_stat(g.win, &ws);
+        T_EXPECT(ws.bytes_borrowed == pl && ws.size == g.size, "owner: " WS_FMT, WS_ARGS(ws));
+        check_local(g.win, g.base, 0, g.size, 150, "owner's loads after the refused reclaim");
+    }
+    T_OK(ema_barrier());
+    T_OK(ema_win_free(g.win));
+    scenario_end();
+}
+
 /* As the last one, but the owner holds its whole part with ema_win_acquire
  * for every "step" and releases it briefly in between, as a serving engine
  * does (bench/kv_serving).  The recall parks while the part is held and
@@ -1982,6 +2097,7 @@ int main(int argc, char **argv)
         test_grow_fails_no_memory_leaves_window_unchanged();
         test_grow_fails_no_memory_when_all_peer_memory_used();
         test_reclaim_with_nowhere_to_move_fails_fast();
+        test_reclaim_refused_while_one_segment_is_held_fails_fast();
         test_reclaim_while_owner_holds_each_step_fails_fast();
     } else if (strcmp(mode, "noprog") == 0) {
         test_explicit_reclaim_returns_memory_data_intact();

@@ -16,7 +16,8 @@
 
 const ema_config_field_t ema__boot_config_table[] = {
     {"BOOT_TIMEOUT", "60",
-     "seconds a PMIx fence may take before ema_init fails (a peer that never starts)",
+     "seconds a PMIx fence may take before ema_init fails (a peer that never starts); "
+     "set it alike on every rank, as PMIx applies one value to the whole fence",
      EMA_BOOT_CFG(timeout), &ema__config_double},
     EMA_CONFIG_TABLE_END};
 

@@ -718,18 +718,24 @@ EMA_EXPORT ema_status_t ema_config_print(FILE *stream)
 
 /* Works before ema_init: then no world exists, so show the local ranks a
  * launch would have (EMA_GPU_MAP's length, else one per visible GPU). */
-static void runtime_info_topology(FILE *stream, int ready)
+/* The topology part of ema_info_print.  EMA_ERR_INVALID_PARAM where a
+ * topology setting (EMA_GPU_MAP) is malformed or does not fit the local
+ * ranks, as ema_init would fail: the rest is printed, without the map of
+ * ranks to GPUs, and the log says why (ema_info -t exited 0 so). */
+static ema_status_t runtime_info_topology(FILE *stream, int ready)
 {
+    ema_status_t status = EMA_SUCCESS;
     ema__topo_config_t cfg;
     ema__topo_t *topo;
     int nranks, *gpu_of_rank;
 
     if (ema__topo_load(&topo) != EMA_SUCCESS) {
         fprintf(stream, "# topology:      (hwloc failed, see the log)\n");
-        return;
+        return EMA_SUCCESS;
     }
     if (ema__config_read(ema__topo_config_table, &cfg) != EMA_SUCCESS) {
         cfg.gpu_map = "";
+        status      = EMA_ERR_INVALID_PARAM;
     }
     nranks = ready ? ema_world.boot.local_size : ema__topo_default_nranks(topo, &cfg);
     gpu_of_rank = calloc((size_t)nranks, sizeof(*gpu_of_rank));
@@ -737,14 +743,20 @@ static void runtime_info_topology(FILE *stream, int ready)
         fprintf(stream, "# topology:      before ema_init, %d local rank%s assumed\n", nranks,
                 nranks == 1 ? "" : "s");
     }
-    if (gpu_of_rank != NULL &&
-        ema__topo_map_ranks(topo, &cfg, nranks, gpu_of_rank, NULL) == EMA_SUCCESS) {
+    ema_status_t mapped = (gpu_of_rank == NULL)
+                              ? EMA_ERR_NO_MEMORY
+                              : ema__topo_map_ranks(topo, &cfg, nranks, gpu_of_rank, NULL);
+    if (mapped == EMA_SUCCESS) {
         ema__topo_print(topo, stream, nranks, gpu_of_rank, NULL);
     } else {
         ema__topo_print(topo, stream, 0, NULL, NULL);
+        if (mapped == EMA_ERR_INVALID_PARAM) {
+            status = mapped;
+        }
     }
     free(gpu_of_rank);
     ema__topo_destroy(topo);
+    return status;
 }
 
 EMA_EXPORT ema_status_t ema_info_print(FILE *stream, unsigned flags)
@@ -772,8 +784,9 @@ EMA_EXPORT ema_status_t ema_info_print(FILE *stream, unsigned flags)
         fprintf(stream, "# cuda kind:     not built (configure --with-cuda)\n");
 #endif
     }
+    ema_status_t status = EMA_SUCCESS;
     if (flags & EMA_INFO_TOPOLOGY) {
-        runtime_info_topology(stream, ready);
+        status = runtime_info_topology(stream, ready);
     }
     if (flags & EMA_INFO_WORLD) {
         if (!ready) {
@@ -799,5 +812,5 @@ EMA_EXPORT ema_status_t ema_info_print(FILE *stream, unsigned flags)
             ema__win_cpath_print(&w->win, stream);
         }
     }
-    return EMA_SUCCESS;
+    return status;
 }

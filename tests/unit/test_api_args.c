@@ -843,6 +843,26 @@ EMA_TEST("always_safe", test_info_print_before_init_notes_the_missing_world)
 }
 END_TEST
 
+/* A malformed EMA_GPU_MAP, which makes ema_init fail, fails the topology
+ * part too (ema_info -t exited 0 on it, printing no rank map), and every
+ * part asked for is printed all the same. */
+EMA_TEST("always_safe", test_info_print_topology_with_malformed_gpu_map_fails)
+{
+    ema_status_t s;
+    env_small();
+    setenv("EMA_GPU_MAP", "a,b", 1);
+    char *out = capture(ema_info_print, EMA_INFO_VERSION | EMA_INFO_TOPOLOGY, &s);
+    ck_assert_int_eq(s, EMA_ERR_INVALID_PARAM);
+    ck_assert_ptr_nonnull(strstr(out, ema_version_string()));
+    ck_assert_ptr_nonnull(strstr(out, "# topology:"));
+    ck_assert_ptr_null(strstr(out, "rank -> gpu"));
+    unsetenv("EMA_GPU_MAP");
+    out = capture(ema_info_print, EMA_INFO_TOPOLOGY, &s);
+    ck_assert_int_eq(s, EMA_SUCCESS);
+    ck_assert_ptr_nonnull(strstr(out, "rank -> gpu"));
+}
+END_TEST
+
 EMA_TEST("always_safe", test_version_string_and_strerror_safe_before_and_after_init)
 {
     char want[32];

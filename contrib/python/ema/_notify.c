@@ -35,7 +35,10 @@
  *
  * Needs nothing but libc: it is built by the project's make (into
  * python/_notify.so of the build tree) or by pip (setuptools), and loaded
- * with ctypes.  It does not link libema.
+ * with ctypes.  It does not link libema.  It also holds the destructor of
+ * ema.View's DLPack capsules (ema_py_dlpack_capsule_destructor, at the
+ * end), which calls four functions of Python's C API: they resolve in the
+ * Python process that loads the helper, and no Python header is needed.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -172,4 +175,65 @@ EMA_PY_EXPORT uint64_t ema_py_notify_dropped(void)
 EMA_PY_EXPORT size_t ema_py_notify_record_size(void)
 {
     return sizeof(ema_py_notify_rec_t);
+}
+
+/*
+ * The destructor of a DLPack capsule made by ema.View.__dlpack__.  A capsule
+ * that no consumer took (still named "dltensor" or "dltensor_versioned")
+ * deletes its tensor; a taken one was renamed "used_..." and its consumer
+ * calls the deleter.  A consumer that refuses the capsule (numpy 1.24 does
+ * for a bool tensor) drops it with its own exception pending: Python code
+ * cannot run then (a ctypes callback's foreign calls raise the pending
+ * exception, which was swallowed, so the deleter never ran, the export
+ * leaked with its pin, and numpy failed with SystemError).  So, as DLPack's
+ * reference destructor does, the pending exception is set aside while the
+ * deleter (a ctypes callback of ema.views) runs, and put back after.
+ */
+typedef struct _object PyObject;
+extern int   PyCapsule_IsValid(PyObject *capsule, const char *name);
+extern void *PyCapsule_GetPointer(PyObject *capsule, const char *name);
+extern void  PyErr_Fetch(PyObject **type, PyObject **value, PyObject **tb);
+extern void  PyErr_Restore(PyObject *type, PyObject *value, PyObject *tb);
+
+typedef struct {
+    void    *data;
+    int32_t  device_type, device_id;
+    int32_t  ndim;
+    uint8_t  code, bits;
+    uint16_t lanes;
+    int64_t *shape, *strides;
+    uint64_t byte_offset;
+} ema_py_dltensor_t;
+
+typedef struct ema_py_dlmanaged {
+    ema_py_dltensor_t dl_tensor;
+    void *manager_ctx;
+    void (*deleter)(struct ema_py_dlmanaged *self);
+} ema_py_dlmanaged_t;
+
+typedef struct ema_py_dlversioned {
+    uint32_t major, minor;
+    void *manager_ctx;
+    void (*deleter)(struct ema_py_dlversioned *self);
+    uint64_t flags;
+    ema_py_dltensor_t dl_tensor;
+} ema_py_dlversioned_t;
+
+EMA_PY_EXPORT void ema_py_dlpack_capsule_destructor(PyObject *capsule)
+{
+    PyObject *type, *value, *tb;
+
+    PyErr_Fetch(&type, &value, &tb);
+    if (PyCapsule_IsValid(capsule, "dltensor")) {
+        ema_py_dlmanaged_t *m = PyCapsule_GetPointer(capsule, "dltensor");
+        if (m != NULL && m->deleter != NULL) {
+            m->deleter(m);
+        }
+    } else if (PyCapsule_IsValid(capsule, "dltensor_versioned")) {
+        ema_py_dlversioned_t *m = PyCapsule_GetPointer(capsule, "dltensor_versioned");
+        if (m != NULL && m->deleter != NULL) {
+            m->deleter(m);
+        }
+    }
+    PyErr_Restore(type, value, tb);
 }

@@ -518,12 +518,17 @@ class Window:
         """ema_win_free(3): collective; completes outstanding operations.
         Views of the window are closed (their pins dropped) first; arrays
         made from them must not be used afterwards.  While a pinned view
-        still has DLPack exports alive (arrays made with from_dlpack), the
-        pin cannot be dropped: free raises BufferError on this rank before
-        calling ema_win_free, and frees nothing here.  Since free is
+        still has arrays alive (numpy() arrays, or DLPack consumers' from
+        from_dlpack), the pin cannot be dropped: free raises BufferError on
+        this rank before calling ema_win_free, and closes and frees nothing
+        here.  Since free is
         collective, drop such arrays on every rank before calling it."""
         h = self._handle()
-        for v in list(self._views):
+        views = list(self._views)
+        # every view looked at before any is closed: a refusal changes nothing
+        for v in views:
+            v._check_closable("ema.Window.free")
+        for v in views:
             v.close()
         check(_L.ema_win_free(h), "ema_win_free")
         with _State.lock:

@@ -4,9 +4,13 @@ Window.view(offset=0, nbytes=None, dtype=None, pin=False, shape=None) returns a 
 [offset, offset+nbytes) of this rank's own part, at its fixed address
 (borrowed and spilled pages included: they are mapped there).
 
-* On the host kind the View is itself a ctypes array over that memory, so it
-  exports the buffer protocol: memoryview(v), numpy.asarray(v),
-  numpy.frombuffer(v, dtype), v.numpy(), file.readinto(v), sock.send(v).
+* On the host kind, v.numpy() is an array of the view's dtype and shape.
+  The View is also a ctypes array over that memory, so it exports the
+  buffer protocol: numpy.frombuffer(v, dtype), bytes(v), file.readinto(v),
+  sock.send(v); but with ctypes' element types (numpy.asarray(v) shows
+  float16 and bfloat16 as uint16, complex64 as pairs of float32, and
+  memoryview(v) needs .cast("B") before indexing), and such arrays are not
+  counted in v.exports and do not keep a pin past close().
 * On every kind it exports DLPack (__dlpack__, __dlpack_device__):
   numpy.from_dlpack(v) (host), torch.from_dlpack(v), cupy.from_dlpack(v).
   Both the versioned (DLPack 1.0, asked for with max_version) and the
@@ -15,8 +19,9 @@ Window.view(offset=0, nbytes=None, dtype=None, pin=False, shape=None) returns a 
 
 Pinning (ema_win_acquire(3)).  A View made with pin=True holds its range
 with ema_win_acquire until close(), the end of its with-block, or its
-garbage collection; every array made from it keeps it alive, so the range
-cannot move while any consumer still has it.  Pin for as long as kernels or
+garbage collection; every array made from it (numpy() or DLPack) keeps it
+alive, so the range cannot move while any consumer still has it, and
+close() raises BufferError, changing nothing, while such an array lives.  Pin for as long as kernels or
 CPU code use the memory directly, and no longer: a lender's reclaim of a
 pinned segment waits, and times out (EMA_ERR_TIMEOUT at the lender) while
 the pin lasts, so a long-lived pinned KV-cache tensor blocks every reclaim
@@ -193,6 +198,9 @@ _CapsuleDestructor = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 def _capsule_destructor_fn(capsule):
     # a capsule never consumed (still named "dltensor[_versioned]"): the
     # producer deletes its tensor; a consumed one was renamed "used_..."
+    # Only where the _notify helper is missing: Python cannot run with the
+    # exception of a consumer that refused the capsule pending, so such an
+    # export then leaks (with its pin); the helper's C destructor does not.
     try:
         for name in (_NAME, _NAME_VERSIONED):
             if _capsule_is_valid(capsule, name):
@@ -202,6 +210,24 @@ def _capsule_destructor_fn(capsule):
 
 
 _capsule_destructor = _CapsuleDestructor(_capsule_destructor_fn)
+_destructor_addr = None
+
+
+def _destructor():
+    """The capsules' destructor: the _notify helper's C function, which
+    keeps a consumer's pending exception; else the ctypes one above."""
+    global _destructor_addr
+    if _destructor_addr is None:
+        addr = None
+        try:
+            from .notify import load_helper
+            h = load_helper()
+            if h is not None:
+                addr = ctypes.cast(h.ema_py_dlpack_capsule_destructor, ctypes.c_void_p).value
+        except (AttributeError, ImportError, OSError):
+            addr = None  # a helper built before it had one
+        _destructor_addr = addr or ctypes.cast(_capsule_destructor, ctypes.c_void_p).value
+    return _destructor_addr
 
 
 def _export(view, versioned):
@@ -230,8 +256,7 @@ def _export(view, versioned):
     _EXPORTS[addr] = (m, shape, strides, view)
     view._exports += 1
     try:
-        return _capsule_new(addr, _NAME_VERSIONED if versioned else _NAME,
-                            ctypes.cast(_capsule_destructor, ctypes.c_void_p))
+        return _capsule_new(addr, _NAME_VERSIONED if versioned else _NAME, _destructor())
     except BaseException:
         _delete(addr)
         raise
@@ -240,6 +265,21 @@ def _export(view, versioned):
 # --------------------------------------------------------------------------
 # View
 # --------------------------------------------------------------------------
+
+
+class _ArrayExport:
+    """A numpy() array's hold on its view, counted in View.exports until the
+    array (and every array made from it) is gone."""
+
+    __slots__ = ("view",)
+
+    def __init__(self, view):
+        self.view = view
+        view._exports += 1
+
+    def __del__(self):
+        self.view._exports -= 1
+
 
 
 class View(_Closing):
@@ -272,18 +312,23 @@ class View(_Closing):
 
     @property
     def exports(self):
-        """DLPack exports of this view that consumers still hold."""
+        """Arrays made from this view that are still alive: its numpy()
+        arrays, and the DLPack exports that consumers still hold."""
         return self._exports
+
+    def _check_closable(self, who):
+        if not self._closed and self.pinned and self._exports:
+            raise BufferError("%s: %d array(s) made from a pinned view (numpy() or DLPack) are "
+                              "alive; drop them first" % (who, self._exports))
 
     def close(self):
         """Drop the pin (ema_win_release) and mark the view closed.  Raises
-        BufferError while DLPack consumers still hold a pinned view: their
-        arrays would lose the pin."""
+        BufferError, changing nothing, while arrays made from a pinned view
+        (numpy(), or a DLPack consumer's) are alive: they would lose the pin
+        and could read memory that a shrink then unmaps."""
         if self._closed:
             return
-        if self.pinned and self._exports:
-            raise BufferError("ema.View.close: %d DLPack export(s) of this pinned view are "
-                              "alive; drop the arrays first" % self._exports)
+        self._check_closable("ema.View.close")
         self._unpin()
 
     def _unpin(self):
@@ -348,7 +393,12 @@ class View(_Closing):
                             "__dlpack__ or __cuda_array_interface__")
         if self.dtype.name == "bfloat16":
             raise TypeError("numpy has no bfloat16")
-        return numpy.frombuffer(self, dtype=numpy.dtype(self.dtype.typestr)).reshape(self.shape)
+        # the array's base is a fresh buffer over the same memory that holds
+        # an _ArrayExport: the view (and its pin) lives, and close() refuses,
+        # until the array and every array made from it are gone
+        buf = (ctypes.c_uint8 * self.nbytes).from_address(self.ptr)
+        buf._ema_export = _ArrayExport(self)
+        return numpy.frombuffer(buf, dtype=numpy.dtype(self.dtype.typestr)).reshape(self.shape)
 
     def __repr__(self):
         state = " closed" if self._closed else (" pinned" if self.pinned else "")

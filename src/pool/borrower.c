@@ -197,6 +197,13 @@ void ema__pool_granted(ema__pool_t *pool, int src, const ema_pool_msg_t *m,
         return;
     }
     /* nobody asked this rank for them: back to the lender rather than leak */
+    if (ema__xport_peer_lost(pool->xp, src)) {
+        /* the borrow gave up on it (EMA_PEER_TIMEOUT): nothing is sent to
+         * a lost rank, so they stay lent there (ema(7) EMA_PEER_TIMEOUT) */
+        ema_info("grant of %u segments from rank %d, which this rank lost (its borrow timed "
+                 "out): they stay lent there", m->count, src);
+        return;
+    }
     ema_malformed("grant of %u segments from rank %d for no borrow waiting on it%s: given back",
               m->count, src, live ? " (another rank's)" : "");
     ema_pool_giveback_later(pool, src, segs, m->count);

@@ -28,7 +28,8 @@ const ema_config_field_t ema__xport_config_table[] = {
     {"PEER_TIMEOUT", "0",
      "seconds a peer may leave a request unanswered (a borrow, a table, an atomic, a UCX "
      "put, get or flush) before it counts as lost, as if it had died (0: no limit; a dead "
-     "process is noticed within milliseconds either way)",
+     "process is noticed within milliseconds either way); the loss is known to the rank "
+     "that timed out alone (ema(7))",
      EMA_XPORT_CFG(peer_timeout), &ema__config_double},
     EMA_CONFIG_TABLE_END};
 

@@ -256,9 +256,8 @@ void ema__boot_abandon(ema__boot_t *boot, ema_status_t status)
         boot->exchanged = 1;
         ema_debug("telling the other ranks that ema_init failed here (%s)",
                   ema_strerror(status));
-        if (boot_put((int32_t)status, NULL, 0) == EMA_SUCCESS) {
-            (void)boot_fence(boot);
-        }
+        (void)boot_put((int32_t)status, NULL, 0);
+        (void)boot_fence(boot); /* even without our entry: the others' PMIx_Get fails */
     }
     /* PMIx stays up for the next ema_init (see ema_boot_pmix_up) */
     ema_boot_idle   = ema_boot_pmix_up;
@@ -397,6 +396,7 @@ ema_status_t ema__boot_exchange(ema__boot_t *boot, const void *blob, size_t len,
     boot->exchanged = 1;
     status = boot_put(0, blob, len);
     if (status != EMA_SUCCESS) {
+        (void)boot_fence(boot); /* the others fail their PMIx_Get, not a timeout */
         goto err_free;
     }
     status = boot_fence(boot);

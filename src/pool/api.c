@@ -20,7 +20,8 @@ EMA_EXPORT ema_status_t ema_reclaim(size_t bytes, uint64_t timeout_ms)
         return EMA_ERR_INVALID_PARAM;
     }
     int withheld;
-    status = ema__pool_reclaim(pool, (uint32_t)((bytes + seg - 1) / seg), timeout_ms, &withheld);
+    status = ema__pool_reclaim(pool, (uint32_t)((bytes + seg - 1) / seg), timeout_ms,
+                               EMA_POOL_RECLAIM_FAIL_FAST, &withheld);
     ema__pool_advertise(pool);
     return status;
 }

@@ -478,7 +478,7 @@ static uint32_t ema_pool_reclaim_for_self(void *arg, uint32_t need, ema__loc_t *
     }
     uint64_t timeout_ms = (uint64_t)(pool->cfg.reclaim_timeout * 1e3);
     int withheld;
-    ema__pool_reclaim(pool, n, timeout_ms, &withheld);
+    ema__pool_reclaim(pool, n, timeout_ms, 0, &withheld);
     if (!withheld) {
         free(segs);
         return 0;

@@ -88,6 +88,7 @@ static void ema_pool_grant(ema__pool_t *pool, int src, const ema_pool_msg_t *req
     }
     pthread_mutex_unlock(&pool->lock);
     atomic_fetch_sub(&pool->recall_pending, recalled);
+    atomic_fetch_add(&pool->recall_answers, 1);
     free(payload);
     free(segs);
     free(handles);
@@ -131,6 +132,7 @@ ema_status_t ema__pool_take_back(ema__pool_t *pool, int src, uint32_t count,
     }
     pthread_mutex_unlock(&pool->lock);
     atomic_fetch_sub(&pool->recall_pending, recalled);
+    atomic_fetch_add(&pool->recall_answers, 1);
     return EMA_SUCCESS;
 }
 
@@ -165,6 +167,7 @@ void ema__pool_refused(ema__pool_t *pool, int src, uint32_t count, const uint32_
     ema_debug("rank %d has nowhere to move %d recalled segments: they stay lent", src, n);
     atomic_fetch_add(&pool->recall_refused, n);
     atomic_fetch_sub(&pool->recall_pending, n);
+    atomic_fetch_add(&pool->recall_answers, 1);
 }
 
 /* A borrow request, answered outside the UCX callback (it sends). */
@@ -206,7 +209,7 @@ static int ema_pool_reclaim_naps(const ema__pool_t *pool)
  * addition to those withheld already); waits up to @timeout_ms.
  */
 ema_status_t ema__pool_reclaim(ema__pool_t *pool, uint32_t target, uint64_t timeout_ms,
-                               int *withheld_p)
+                               unsigned flags, int *withheld_p)
 {
     double t0 = ema__now_us();
     uint32_t nsegs = pool->arena->pool.nsegs, sent = 0, idle = 0;
@@ -215,7 +218,7 @@ ema_status_t ema__pool_reclaim(ema__pool_t *pool, uint32_t target, uint64_t time
     /* what this call recalled, in the order sent (each RECALL's payload) */
     uint32_t *mine = malloc(sizeof(uint32_t) * (nsegs ? nsegs : 1));
     uint32_t mine_pending = 0, mine_refused = 0, counted = 0;
-    int pending_seen = -1;
+    uint64_t answers_seen = UINT64_MAX;
 
     /* waits for the borrowers' migrations, which need their windows' locks
      * and may need ours: never under a window's lock */
@@ -292,12 +295,14 @@ ema_status_t ema__pool_reclaim(ema__pool_t *pool, uint32_t target, uint64_t time
             break;
         }
         /* Every answer (give-back, refusal, a lost borrower) clears its
-         * segments' flags under the lock and only then takes them off
-         * recall_pending: so this call's own count is looked at again
-         * only when that or what it sent moved, not at every poll. */
-        int pending = atomic_load(&pool->recall_pending);
-        if (pending != pending_seen || sent != counted) {
-            pending_seen = pending;
+         * segments' flags under the lock and only then counts itself in
+         * recall_answers: so this call's own count is looked at again only
+         * when that or what it sent moved, not at every poll.  (It followed
+         * recall_pending, whose value a refusal and another call's recall
+         * of as many segments could leave unchanged between two polls.) */
+        uint64_t answers = atomic_load(&pool->recall_answers);
+        if (answers != answers_seen || sent != counted) {
+            answers_seen = answers;
             counted      = sent;
             pthread_mutex_lock(&pool->lock);
             mine_pending = mine_refused = 0;
@@ -310,14 +315,15 @@ ema_status_t ema__pool_reclaim(ema__pool_t *pool, uint32_t target, uint64_t time
         if (sent >= need && mine_pending == 0) {
             break;
         }
-        if (sent >= need && mine_refused > 0) {
+        if ((flags & EMA_POOL_RECLAIM_FAIL_FAST) && sent >= need && mine_refused > 0) {
             /* A borrower had nowhere to move some: the reclaim cannot
              * reach @target, and says so at once (ema_reclaim(3)).  What
              * is still pending, segments held with ema_win_acquire above
              * all, moves in the background; waiting for it held the call
              * to its whole timeout, or for ever with EMA_TIMEOUT_INFINITE
              * where the owner releases only after the lender is back (a
-             * black-box test, session 23). */
+             * black-box test, session 23).  A grow's implicit reclaim goes
+             * on waiting: it takes whatever comes back. */
             break;
         }
         if (ema__xport_wait_pass(pool->xp, EMA_WAIT_QUICK) == 0) {
@@ -374,6 +380,7 @@ void ema__pool_peer_lost(void *arg, int peer)
     }
     pthread_mutex_unlock(&pool->lock);
     atomic_fetch_sub(&pool->recall_pending, recalled);
+    atomic_fetch_add(&pool->recall_answers, 1);
     if (n > 0) {
         ema_info("rank %d is lost: %u segments lent to it are back", peer, n);
         ema__pool_advertise(pool);

@@ -162,6 +162,7 @@ ema_status_t ema__pool_init(ema__pool_t *pool, ema__win_ctx_t *win, ema__mem_are
     /* what every peer assumes of us until we say otherwise */
     pool->advertised = atomic_load(&pool->peer_lendable[pool->rank]);
     atomic_init(&pool->recall_pending, 0);
+    atomic_init(&pool->recall_answers, 0);
     atomic_init(&pool->recall_refused, 0);
     ema__xport_set_am_handler(pool->xp, EMA_AM_POOL, ema__pool_dispatch, pool);
     ema__xport_on_lost(pool->xp, ema__pool_peer_lost, pool);

@@ -67,6 +67,9 @@ typedef struct ema__pool {
     uint8_t           *granting;     /* [nsegs]: lent, grant not sent yet */
     uint32_t           withheld;     /* free segments not to be lent or used */
     atomic_int         recall_pending;
+    _Atomic uint64_t   recall_answers; /* answers to recalls so far (give-backs,
+                                          refusals, losses): a reclaim looks at its
+                                          own again when this moves */
     atomic_int         recall_refused; /* recalled segments borrowers could not move */
     struct ema_pool_job *parked;      /* recalls waiting for a release or a map
                                          (under lock) */
@@ -112,8 +115,12 @@ void         ema__pool_advertise(ema__pool_t *pool);
 /* Recall until @target segments are free and withheld.  EMA_ERR_TIMEOUT at
  * the timeout, EMA_ERR_NO_MEMORY when a borrower had nowhere to move some
  * (both: what came back stays withheld, the rest stays lent; *withheld_p
- * says whether @target was withheld at all). */
+ * says whether @target was withheld at all).  With EMA_POOL_RECLAIM_FAIL_FAST
+ * (ema_reclaim(3)) a refusal ends the wait at once; without it (a grow's
+ * implicit reclaim, which takes whatever came back) the wait goes on for
+ * the recalls still pending, up to the timeout. */
+#define EMA_POOL_RECLAIM_FAIL_FAST 1u
 ema_status_t ema__pool_reclaim(ema__pool_t *pool, uint32_t target, uint64_t timeout_ms,
-                               int *withheld_p);
+                               unsigned flags, int *withheld_p);
 
 #endif

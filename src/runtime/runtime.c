@@ -469,7 +469,9 @@ EMA_EXPORT ema_status_t ema_init(const ema_init_params_t *params)
 
     status = ema__boot_init(&w->boot);
     if (status != EMA_SUCCESS) {
-        goto err_state;
+        /* abandon: PMIx may be up (a failed PMIx_Get, several nodes), and
+         * must then be closed at exit (boot_fini); no exchange (singleton) */
+        goto err_boot;
     }
     ema__log_set_rank(w->boot.rank);
 

@@ -299,7 +299,8 @@ static void borrow_all_of_l(void)
 static ema_status_t reclaim(uint32_t target, uint64_t timeout_ms, int *withheld_p)
 {
     wait_begin(L);
-    ema_status_t status = ema__pool_reclaim(&side[L].pool, target, timeout_ms, withheld_p);
+    ema_status_t status = ema__pool_reclaim(&side[L].pool, target, timeout_ms,
+                                            EMA_POOL_RECLAIM_FAIL_FAST, withheld_p);
     wait_end();
     return status;
 }

@@ -37,10 +37,12 @@
  * python/_notify.so of the build tree) or by pip (setuptools), and loaded
  * with ctypes.  It does not link libema.  It also holds the destructor of
  * ema.View's DLPack capsules (ema_py_dlpack_capsule_destructor, at the
- * end), which calls four functions of Python's C API: they resolve in the
- * Python process that loads the helper, and no Python header is needed.
+ * end), which calls four functions of Python's C API, looked up with
+ * dlsym in the Python process that loads the helper: no Python header,
+ * and no undefined symbol.
  */
 #define _GNU_SOURCE
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -190,10 +192,29 @@ EMA_PY_EXPORT size_t ema_py_notify_record_size(void)
  * deleter (a ctypes callback of ema.views) runs, and put back after.
  */
 typedef struct _object PyObject;
-extern int   PyCapsule_IsValid(PyObject *capsule, const char *name);
-extern void *PyCapsule_GetPointer(PyObject *capsule, const char *name);
-extern void  PyErr_Fetch(PyObject **type, PyObject **value, PyObject **tb);
-extern void  PyErr_Restore(PyObject *type, PyObject *value, PyObject *tb);
+
+/* Python's C API, looked up in the process (dlsym) rather than linked: the
+ * helper links nothing but libc, so a build with -Wl,--no-undefined works,
+ * and it loads in a process without Python (the C tests) all the same. */
+static struct {
+    int   (*is_valid)(PyObject *capsule, const char *name);
+    void *(*get_pointer)(PyObject *capsule, const char *name);
+    void  (*fetch)(PyObject **type, PyObject **value, PyObject **tb);
+    void  (*restore)(PyObject *type, PyObject *value, PyObject *tb);
+} ema_py_api;
+
+static int ema_py_api_load(void)
+{
+    /* under the GIL: one thread at a time gets here */
+    if (ema_py_api.restore == NULL) {
+        *(void **)&ema_py_api.is_valid    = dlsym(RTLD_DEFAULT, "PyCapsule_IsValid");
+        *(void **)&ema_py_api.get_pointer = dlsym(RTLD_DEFAULT, "PyCapsule_GetPointer");
+        *(void **)&ema_py_api.fetch       = dlsym(RTLD_DEFAULT, "PyErr_Fetch");
+        *(void **)&ema_py_api.restore     = dlsym(RTLD_DEFAULT, "PyErr_Restore");
+    }
+    return ema_py_api.is_valid != NULL && ema_py_api.get_pointer != NULL &&
+           ema_py_api.fetch != NULL && ema_py_api.restore != NULL;
+}
 
 typedef struct {
     void    *data;
@@ -223,17 +244,20 @@ EMA_PY_EXPORT void ema_py_dlpack_capsule_destructor(PyObject *capsule)
 {
     PyObject *type, *value, *tb;
 
-    PyErr_Fetch(&type, &value, &tb);
-    if (PyCapsule_IsValid(capsule, "dltensor")) {
-        ema_py_dlmanaged_t *m = PyCapsule_GetPointer(capsule, "dltensor");
+    if (!ema_py_api_load()) {
+        return; /* not in a Python process: nothing can hold a capsule */
+    }
+    ema_py_api.fetch(&type, &value, &tb);
+    if (ema_py_api.is_valid(capsule, "dltensor")) {
+        ema_py_dlmanaged_t *m = ema_py_api.get_pointer(capsule, "dltensor");
         if (m != NULL && m->deleter != NULL) {
             m->deleter(m);
         }
-    } else if (PyCapsule_IsValid(capsule, "dltensor_versioned")) {
-        ema_py_dlversioned_t *m = PyCapsule_GetPointer(capsule, "dltensor_versioned");
+    } else if (ema_py_api.is_valid(capsule, "dltensor_versioned")) {
+        ema_py_dlversioned_t *m = ema_py_api.get_pointer(capsule, "dltensor_versioned");
         if (m != NULL && m->deleter != NULL) {
             m->deleter(m);
         }
     }
-    PyErr_Restore(type, value, tb);
+    ema_py_api.restore(type, value, tb);
 }

@@ -525,11 +525,13 @@ class Window:
         collective, drop such arrays on every rank before calling it."""
         h = self._handle()
         views = list(self._views)
-        # every view looked at before any is closed: a refusal changes nothing
-        for v in views:
-            v._check_closable("ema.Window.free")
-        for v in views:
-            v.close()
+        from .views import _EXPORTS_LOCK
+        with _EXPORTS_LOCK:
+            # every view looked at before any is closed: a refusal changes nothing
+            for v in views:
+                v._check_closable("ema.Window.free")
+            for v in views:
+                v.close()
         check(_L.ema_win_free(h), "ema_win_free")
         with _State.lock:
             _State.windows.pop(h, None)

@@ -41,6 +41,7 @@ away: shrink() raises StateError, changing nothing, until it is closed.
 
 import ctypes
 import functools
+import threading
 from collections import namedtuple
 
 from . import _lib
@@ -176,11 +177,22 @@ _NAME_VERSIONED = b"dltensor_versioned"
 # consumer's thread, which holds the GIL or takes it; EMA never calls them.
 _EXPORTS = {}
 
+# Guards every View's _exports count, and close()'s look at it: a count is
+# dropped on whichever thread lets an array go (a consumer's, or the
+# garbage collector's inside any allocation), and "+= 1" is no atomic step.
+# Reentrant: the collector may run a drop on a thread that holds it.
+_EXPORTS_LOCK = threading.RLock()
+
+
+def _count_export(view, n):
+    with _EXPORTS_LOCK:
+        view._exports += n
+
 
 def _delete(addr):
     entry = _EXPORTS.pop(addr, None)
     if entry is not None:
-        entry[-1]._exports -= 1
+        _count_export(entry[-1], -1)
 
 
 _deleter = _Deleter(_delete)
@@ -254,7 +266,7 @@ def _export(view, versioned):
     addr = ctypes.addressof(m)
     m.manager_ctx = addr
     _EXPORTS[addr] = (m, shape, strides, view)
-    view._exports += 1
+    _count_export(view, 1)
     try:
         return _capsule_new(addr, _NAME_VERSIONED if versioned else _NAME, _destructor())
     except BaseException:
@@ -275,10 +287,10 @@ class _ArrayExport:
 
     def __init__(self, view):
         self.view = view
-        view._exports += 1
+        _count_export(view, 1)
 
     def __del__(self):
-        self.view._exports -= 1
+        _count_export(self.view, -1)
 
 
 
@@ -326,10 +338,11 @@ class View(_Closing):
         BufferError, changing nothing, while arrays made from a pinned view
         (numpy(), or a DLPack consumer's) are alive: they would lose the pin
         and could read memory that a shrink then unmaps."""
-        if self._closed:
-            return
-        self._check_closable("ema.View.close")
-        self._unpin()
+        with _EXPORTS_LOCK:  # no export counted between the look and the unpin
+            if self._closed:
+                return
+            self._check_closable("ema.View.close")
+            self._unpin()
 
     def _unpin(self):
         self._closed = True
@@ -375,7 +388,10 @@ class View(_Closing):
             raise BufferError("ema.View: the data is on device %r, not %r"
                               % (self.__dlpack_device__(), tuple(dl_device)))
         versioned = max_version is not None and tuple(max_version)[0] >= DLPACK_VERSION[0]
-        return _export(self, versioned)
+        with _EXPORTS_LOCK:  # not closed by another thread before it counts
+            if self._closed:
+                raise BufferError("ema.View: closed")
+            return _export(self, versioned)
 
     # -- host helpers --------------------------------------------------------
 
@@ -396,8 +412,11 @@ class View(_Closing):
         # the array's base is a fresh buffer over the same memory that holds
         # an _ArrayExport: the view (and its pin) lives, and close() refuses,
         # until the array and every array made from it are gone
-        buf = (ctypes.c_uint8 * self.nbytes).from_address(self.ptr)
-        buf._ema_export = _ArrayExport(self)
+        with _EXPORTS_LOCK:  # not closed by another thread before it counts
+            if self._closed:
+                raise BufferError("ema.View: closed")
+            buf = (ctypes.c_uint8 * self.nbytes).from_address(self.ptr)
+            buf._ema_export = _ArrayExport(self)
         return numpy.frombuffer(buf, dtype=numpy.dtype(self.dtype.typestr)).reshape(self.shape)
 
     def __repr__(self):

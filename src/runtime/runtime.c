@@ -718,9 +718,9 @@ EMA_EXPORT ema_status_t ema_config_print(FILE *stream)
     return EMA_SUCCESS;
 }
 
-/* Works before ema_init: then no world exists, so show the local ranks a
- * launch would have (EMA_GPU_MAP's length, else one per visible GPU). */
-/* The topology part of ema_info_print.  EMA_ERR_INVALID_PARAM where a
+/* The topology part of ema_info_print.  Works before ema_init: then no
+ * world exists, so show the local ranks a launch would have (EMA_GPU_MAP's
+ * length, else one per visible GPU).  EMA_ERR_INVALID_PARAM where a
  * topology setting (EMA_GPU_MAP) is malformed or does not fit the local
  * ranks, as ema_init would fail: the rest is printed, without the map of
  * ranks to GPUs, and the log says why (ema_info -t exited 0 so). */

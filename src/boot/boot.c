@@ -239,31 +239,6 @@ void ema__boot_finalize(ema__boot_t *boot)
     boot->singleton = 1;
 }
 
-static ema_status_t boot_fence(ema__boot_t *boot);
-static ema_status_t boot_put(int32_t status, const void *blob, size_t len);
-
-void ema__boot_abandon(ema__boot_t *boot, ema_status_t status)
-{
-    if (!boot->singleton && ema_boot_pmix_up && !boot->exchanged) {
-        /* ema_init is collective: the other ranks are in, or on their way
-         * to, the exchange.  Leaving them there cost them EMA_BOOT_TIMEOUT
-         * where this rank then stayed in the job, or exited before they
-         * entered the fence (Open MPI 4.1's server ends a fence early only
-         * for a participant that leaves while it runs): test_regress
-         * init_one_fails failed so in CI.  Taking part with our status
-         * fails them at once, whatever the timing; we wait for them as a
-         * successful ema_init would (at most EMA_BOOT_TIMEOUT). */
-        boot->exchanged = 1;
-        ema_debug("telling the other ranks that ema_init failed here (%s)",
-                  ema_strerror(status));
-        (void)boot_put((int32_t)status, NULL, 0);
-        (void)boot_fence(boot); /* even without our entry: the others' PMIx_Get fails */
-    }
-    /* PMIx stays up for the next ema_init (see ema_boot_pmix_up) */
-    ema_boot_idle   = ema_boot_pmix_up;
-    boot->singleton = 1;
-}
-
 /* A destructor rather than atexit: it also runs when libema is unloaded
  * (a Python process that dlcloses it), where an atexit handler would
  * point into unmapped code.  libpmix, which libema needs, is torn down
@@ -367,6 +342,28 @@ static ema_status_t boot_put(int32_t status, const void *blob, size_t len)
     return EMA_SUCCESS;
 }
 
+void ema__boot_abandon(ema__boot_t *boot, ema_status_t status)
+{
+    if (!boot->singleton && ema_boot_pmix_up && !boot->exchanged) {
+        /* ema_init is collective: the other ranks are in, or on their way
+         * to, the exchange.  Leaving them there cost them EMA_BOOT_TIMEOUT
+         * where this rank then stayed in the job, or exited before they
+         * entered the fence (Open MPI 4.1's server ends a fence early only
+         * for a participant that leaves while it runs): test_regress
+         * init_one_fails failed so in CI.  Taking part with our status
+         * fails them at once, whatever the timing; we wait for them as a
+         * successful ema_init would (at most EMA_BOOT_TIMEOUT). */
+        boot->exchanged = 1;
+        ema_debug("telling the other ranks that ema_init failed here (%s)",
+                  ema_strerror(status));
+        (void)boot_put((int32_t)status, NULL, 0);
+        (void)boot_fence(boot); /* even without our entry: the others' PMIx_Get fails */
+    }
+    /* PMIx stays up for the next ema_init (see ema_boot_pmix_up) */
+    ema_boot_idle   = ema_boot_pmix_up;
+    boot->singleton = 1;
+}
+
 ema_status_t ema__boot_exchange(ema__boot_t *boot, const void *blob, size_t len,
                                 void ***blobs_p, size_t **lens_p)
 {
@@ -404,7 +401,7 @@ ema_status_t ema__boot_exchange(ema__boot_t *boot, const void *blob, size_t len,
         goto err_free;
     }
 
-    int nfailed = 0, failed = -1;
+    int nfailed = 0, failed = -1; /* ranks whose ema_init failed; the first */
     int32_t failed_status = 0;
     for (int r = 0; r < boot->size; r++) {
         int32_t rs;
@@ -423,9 +420,10 @@ ema_status_t ema__boot_exchange(ema__boot_t *boot, const void *blob, size_t len,
         }
         memcpy(&rs, val->data.bo.bytes, sizeof(rs));
         if (rs != 0) {
-            failed_status = (failed < 0) ? rs : failed_status;
-            failed        = (failed < 0) ? r : failed;
-            nfailed++;
+            if (nfailed++ == 0) {
+                failed        = r;
+                failed_status = rs;
+            }
             PMIX_VALUE_RELEASE(val);
             continue;
         }

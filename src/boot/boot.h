@@ -46,9 +46,9 @@ void         ema__boot_unwatch(ema__boot_t *boot);
  * All-to-all exchange of one blob per rank through the PMIx key-value store
  * and a data-collecting fence; once per ema_init.  A rank whose ema_init
  * failed before it sends its status instead (ema__boot_abandon), and the
- * others fail with EMA_ERR_PEER_LOST, the log naming it.  On success *blobs_p is an array of size
- * pointers (each malloc'ed, free with ema__boot_free_blobs) and *lens_p their
- * lengths.
+ * others fail with EMA_ERR_PEER_LOST, the log naming it.  On success
+ * *blobs_p is an array of size pointers (each malloc'ed, free with
+ * ema__boot_free_blobs) and *lens_p their lengths.
  */
 ema_status_t ema__boot_exchange(ema__boot_t *boot, const void *blob, size_t len,
                                 void ***blobs_p, size_t **lens_p);

@@ -19,7 +19,8 @@ uint32_t ema__pool_lendable_locked(ema__pool_t *pool)
 
 
 /* Lent segment @s is back (under pool->lock): free again; returns 1 when a
- * recall was waiting for it (the caller takes it off recall_pending). */
+ * recall was waiting for it (the caller passes the count to
+ * pool_recalls_answered once the lock is dropped). */
 static int pool_seg_back_locked(ema__pool_t *pool, uint32_t s)
 {
     int recalled = pool->recalling[s] != 0;
@@ -27,6 +28,15 @@ static int pool_seg_back_locked(ema__pool_t *pool, uint32_t s)
     pool->recalling[s] = 0;
     ema__seg_pool_free(&pool->arena->pool, 1, &s);
     return recalled;
+}
+
+/* An answer to recalls (a give-back, a refusal, a lost borrower), after
+ * its segments' flags were cleared under the lock: @n fewer pending, and
+ * one more answer, which makes a waiting reclaim look at its own again. */
+static void pool_recalls_answered(ema__pool_t *pool, int n)
+{
+    atomic_fetch_sub(&pool->recall_pending, n);
+    atomic_fetch_add(&pool->recall_answers, 1);
 }
 
 static void ema_pool_grant(ema__pool_t *pool, int src, const ema_pool_msg_t *req)
@@ -87,8 +97,7 @@ static void ema_pool_grant(ema__pool_t *pool, int src, const ema_pool_msg_t *req
         }
     }
     pthread_mutex_unlock(&pool->lock);
-    atomic_fetch_sub(&pool->recall_pending, recalled);
-    atomic_fetch_add(&pool->recall_answers, 1);
+    pool_recalls_answered(pool, recalled);
     free(payload);
     free(segs);
     free(handles);
@@ -131,8 +140,7 @@ ema_status_t ema__pool_take_back(ema__pool_t *pool, int src, uint32_t count,
         recalled += pool_seg_back_locked(pool, segs[i]);
     }
     pthread_mutex_unlock(&pool->lock);
-    atomic_fetch_sub(&pool->recall_pending, recalled);
-    atomic_fetch_add(&pool->recall_answers, 1);
+    pool_recalls_answered(pool, recalled);
     return EMA_SUCCESS;
 }
 
@@ -166,8 +174,7 @@ void ema__pool_refused(ema__pool_t *pool, int src, uint32_t count, const uint32_
     pthread_mutex_unlock(&pool->lock);
     ema_debug("rank %d has nowhere to move %d recalled segments: they stay lent", src, n);
     atomic_fetch_add(&pool->recall_refused, n);
-    atomic_fetch_sub(&pool->recall_pending, n);
-    atomic_fetch_add(&pool->recall_answers, 1);
+    pool_recalls_answered(pool, n);
 }
 
 /* A borrow request, answered outside the UCX callback (it sends). */
@@ -379,8 +386,7 @@ void ema__pool_peer_lost(void *arg, int peer)
         }
     }
     pthread_mutex_unlock(&pool->lock);
-    atomic_fetch_sub(&pool->recall_pending, recalled);
-    atomic_fetch_add(&pool->recall_answers, 1);
+    pool_recalls_answered(pool, recalled);
     if (n > 0) {
         ema_info("rank %d is lost: %u segments lent to it are back", peer, n);
         ema__pool_advertise(pool);

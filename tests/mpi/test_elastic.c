@@ -1850,22 +1850,14 @@ static void set_owner_done(void);
 static int grow_by_segments(grown_t *g, uint64_t seed, size_t *pl, int *lender_of, size_t max)
 {
     ema_mem_stat_t prev[64], st[64];
-    ema_mem_stat_t m = {0};
 
     gather_mem_stats(prev);
     *pl = peers_lendable(prev);
-    T_OK(ema_mem_stat(&m));
-    g->own  = (ema_t_rank == 0) ? m.bytes_free : 0;
-    g->own  = bcast_u64(0, g->own);
-    g->size = g->own;
-    g->win  = alloc_win(ema_t_rank == 0 ? g->own : 0, ema_t_rank == 0 ? g->own + *pl : 0,
-                        (void **)&g->base);
-    if (ema_t_rank == 0) {
-        fill_words(g->win, g->base, 0, g->own, seed);
-    }
+    /* all of rank 0's free memory local, room for *pl more */
+    uint64_t ok = (uint64_t)grow_window(g, 0, *pl, seed);
     size_t n = *pl / SEG;
-    uint64_t ok = n <= max;
-    T_EXPECT(ok, "%zu lendable segments, more than the %zu the test expects", n, max);
+    T_EXPECT(n <= max, "%zu lendable segments, more than the %zu the test expects", n, max);
+    ok = ok && n <= max;
     for (size_t k = 0; ok && k < n; k++) {
         if (ema_t_rank == 0) {
             ema_status_t s = ema_win_grow(g->win, g->own + (k + 1) * SEG);

@@ -521,8 +521,8 @@ class Window:
         still has arrays alive (numpy() arrays, or DLPack consumers' from
         from_dlpack), the pin cannot be dropped: free raises BufferError on
         this rank before calling ema_win_free, and closes and frees nothing
-        here.  Since free is
-        collective, drop such arrays on every rank before calling it."""
+        here.  Since free is collective, drop such arrays on every rank
+        before calling it."""
         h = self._handle()
         views = list(self._views)
         from .views import _EXPORTS_LOCK

@@ -21,11 +21,11 @@ Pinning (ema_win_acquire(3)).  A View made with pin=True holds its range
 with ema_win_acquire until close(), the end of its with-block, or its
 garbage collection; every array made from it (numpy() or DLPack) keeps it
 alive, so the range cannot move while any consumer still has it, and
-close() raises BufferError, changing nothing, while such an array lives.  Pin for as long as kernels or
-CPU code use the memory directly, and no longer: a lender's reclaim of a
-pinned segment waits, and times out (EMA_ERR_TIMEOUT at the lender) while
-the pin lasts, so a long-lived pinned KV-cache tensor blocks every reclaim
-of the memory under it.  For such long-lived tensors keep the view unpinned
+close() raises BufferError, changing nothing, while such an array lives.
+Pin for as long as kernels or CPU code use the memory directly, and no
+longer: a lender's reclaim of a pinned segment waits, and times out
+(EMA_ERR_TIMEOUT at the lender) while the pin lasts, so a long-lived pinned
+KV-cache tensor blocks every reclaim of the memory under it.  For such long-lived tensors keep the view unpinned
 (pin=False, the default) and listen for reclaim events (ema.ReclaimNotifier):
 an event says that a range is about to move, and the holder must stop plain
 loads, stores and kernels on it.  Watched with a hold, the move waits until
@@ -237,7 +237,7 @@ def _destructor():
             if h is not None:
                 addr = ctypes.cast(h.ema_py_dlpack_capsule_destructor, ctypes.c_void_p).value
         except (AttributeError, ImportError, OSError):
-            addr = None  # a helper built before it had one
+            pass  # a helper built before it had one
         _destructor_addr = addr or ctypes.cast(_capsule_destructor, ctypes.c_void_p).value
     return _destructor_addr
 
@@ -291,7 +291,6 @@ class _ArrayExport:
 
     def __del__(self):
         _count_export(self.view, -1)
-
 
 
 class View(_Closing):
@@ -380,17 +379,15 @@ class View(_Closing):
         kernels of the caller's on other streams are the caller's to
         synchronise.  A versioned (1.0) capsule is made when max_version
         allows it; else the unversioned one (numpy 1.24 asks no version)."""
-        if self._closed:
-            raise BufferError("ema.View: closed")
-        if copy:
-            raise BufferError("ema.View: DLPack export never copies (copy=True)")
-        if dl_device is not None and tuple(dl_device) != self.__dlpack_device__():
-            raise BufferError("ema.View: the data is on device %r, not %r"
-                              % (self.__dlpack_device__(), tuple(dl_device)))
-        versioned = max_version is not None and tuple(max_version)[0] >= DLPACK_VERSION[0]
         with _EXPORTS_LOCK:  # not closed by another thread before it counts
             if self._closed:
                 raise BufferError("ema.View: closed")
+            if copy:
+                raise BufferError("ema.View: DLPack export never copies (copy=True)")
+            if dl_device is not None and tuple(dl_device) != self.__dlpack_device__():
+                raise BufferError("ema.View: the data is on device %r, not %r"
+                                  % (self.__dlpack_device__(), tuple(dl_device)))
+            versioned = max_version is not None and tuple(max_version)[0] >= DLPACK_VERSION[0]
             return _export(self, versioned)
 
     # -- host helpers --------------------------------------------------------
@@ -402,19 +399,17 @@ class View(_Closing):
         memoryview(v) or np.asarray(v), cannot refuse, as the view is a
         ctypes array: its memory may be unmapped; do not use it.)"""
         import numpy
-        if self._closed:
-            raise BufferError("ema.View: closed")
-        if self.kind != MemoryKind.HOST:
-            raise TypeError("ema.View.numpy: the cuda kind's memory is on the GPU: use "
-                            "__dlpack__ or __cuda_array_interface__")
-        if self.dtype.name == "bfloat16":
-            raise TypeError("numpy has no bfloat16")
         # the array's base is a fresh buffer over the same memory that holds
         # an _ArrayExport: the view (and its pin) lives, and close() refuses,
         # until the array and every array made from it are gone
         with _EXPORTS_LOCK:  # not closed by another thread before it counts
             if self._closed:
                 raise BufferError("ema.View: closed")
+            if self.kind != MemoryKind.HOST:
+                raise TypeError("ema.View.numpy: the cuda kind's memory is on the GPU: use "
+                                "__dlpack__ or __cuda_array_interface__")
+            if self.dtype.name == "bfloat16":
+                raise TypeError("numpy has no bfloat16")
             buf = (ctypes.c_uint8 * self.nbytes).from_address(self.ptr)
             buf._ema_export = _ArrayExport(self)
         return numpy.frombuffer(buf, dtype=numpy.dtype(self.dtype.typestr)).reshape(self.shape)
